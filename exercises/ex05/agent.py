@@ -1,0 +1,209 @@
+"""Chapter 5 — The first tool: the agent loop closes (第一个工具).
+
+Declare a tool; the model asks for it; we run it and append the result as a
+tool message; we ask again, until the model answers without a tool call.
+A tool's failure is text for the model, never a crash.
+
+    python exercises/ex05/agent.py "What does notes.txt say?"
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import openai
+from dotenv import find_dotenv, load_dotenv
+
+# ---- configuration: environment variables, or a .env file where you run ----
+
+load_dotenv(find_dotenv(usecwd=True))  # real environment variables win over .env
+API_KEY = os.environ.get("OPENAI_API_KEY", "").strip()
+BASE_URL = os.environ.get("OPENAI_BASE_URL", "").strip() or "https://api.openai.com/v1"
+MODEL = os.environ.get("MODEL", "").strip()
+
+SETUP_GUIDE = """\
+error: OPENAI_API_KEY and MODEL must be set (in the environment or in a .env file).
+For DeepSeek:
+  OPENAI_API_KEY=sk-...  OPENAI_BASE_URL=https://api.deepseek.com  MODEL=deepseek-v4-flash
+For a local Ollama:
+  OPENAI_API_KEY=ollama  OPENAI_BASE_URL=http://localhost:11434/v1  MODEL=qwen3:8b"""
+
+# What to do about the HTTP errors people actually meet.
+HINTS = {
+    401: "check OPENAI_API_KEY",
+    402: "check your account balance",
+    403: "check your account's permissions",
+    404: "check MODEL and OPENAI_BASE_URL",
+    429: "rate limited: wait a moment and try again",
+}
+
+
+def die(message: str) -> NoReturn:
+    """Expected failures end with one line on stderr, never a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def describe(error: openai.APIError) -> str:
+    """One line for an API failure: what happened and what to do about it."""
+    if isinstance(error, openai.APITimeoutError):
+        return f"no answer from {BASE_URL} in time; try again"
+    if isinstance(error, openai.APIConnectionError):
+        return f"cannot reach {BASE_URL}: is the server up and OPENAI_BASE_URL right?"
+    message = error.body.get("message") if isinstance(error.body, dict) else None
+    message = message or error.message
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        hint = HINTS.get(status, "the provider failed; try again later" if status >= 500 else "")
+        return f"HTTP {status}: {message}" + (f" ({hint})" if hint else "")
+    return f"the API failed: {message}"
+
+
+MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+
+
+class TurnFailed(Exception):
+    """A model turn that did not complete; the message says why."""
+
+
+# ---- the tool: what the model sees, and what runs ----
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a text file and return its contents.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "file path, relative to the working directory"}
+                },
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+def run_tool(name: str, raw_arguments: str) -> str:
+    """Run one tool call. Every failure becomes an "error: ..." result the model can act on."""
+    try:
+        arguments = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as error:
+        return f"error: the arguments are not valid JSON ({error.msg}); send one JSON object"
+    if not isinstance(arguments, dict):
+        return "error: the arguments must be a JSON object"
+    if name != "read_file":
+        return f"error: unknown tool {name!r}; the only tool is read_file"
+    path = arguments.get("path")
+    if not isinstance(path, str) or not path:
+        return 'error: read_file needs a "path" string'
+    try:
+        # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
+        return Path(path).read_bytes().decode("utf-8", errors="replace")
+    except OSError as error:
+        return f"error: cannot read {path}: {error.strerror or error}"
+
+
+# ---- one model turn: stream the text, assemble the tool calls ----
+
+
+def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
+    """Print text as it arrives; return (assistant message, finish_reason, usage)."""
+    text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            max_tokens=4096,
+            messages=history,
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},  # a stream carries usage only if asked
+        )
+        for chunk in stream:
+            # DeepSeek puts usage on the finish chunk; OpenAI and Ollama send
+            # one more chunk with empty choices. Keep whichever carries it.
+            usage = chunk.usage or usage
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            delta = choice.delta
+            if delta.content:
+                print(delta.content, end="", flush=True)
+                text += delta.content
+            # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for piece in delta.tool_calls or []:
+                # A call arrives in fragments: id and name first, then the
+                # arguments in pieces. Join them per index. (Ollama sends
+                # whole calls, and old versions leave out the index.)
+                index = piece.index if piece.index is not None else len(calls)
+                call = calls.setdefault(
+                    index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                call["id"] = piece.id or call["id"]
+                if piece.function:
+                    call["function"]["name"] = piece.function.name or call["function"]["name"]
+                    call["function"]["arguments"] += piece.function.arguments or ""
+            finish_reason = choice.finish_reason or finish_reason
+    except openai.APIError as error:
+        raise TurnFailed(describe(error)) from None
+    finally:
+        if text:
+            print(flush=True)  # end the text's line, complete or not
+    # A stream can simply stop (a proxy, a crash): no finish_reason means
+    # the turn is incomplete, and that is a failure, not a success.
+    if finish_reason is None:
+        raise TurnFailed("the stream ended before the answer was finished; try again")
+
+    message: dict = {"role": "assistant", "content": text or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message, finish_reason, usage
+
+
+# ---- the agent loop: ask, run the tools it asks for, ask again ----
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or not sys.argv[1].strip():
+        die('usage: python agent.py "your task"')
+    if not API_KEY or not MODEL:
+        print(SETUP_GUIDE, file=sys.stderr)
+        sys.exit(1)
+
+    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
+    history: list[dict] = [{"role": "user", "content": sys.argv[1]}]
+    for round_number in range(1, MAX_ROUNDS + 1):
+        try:
+            message, finish_reason, usage = stream_turn(client, history)
+        except TurnFailed as failure:
+            die(str(failure))
+        history.append(message)  # the assistant message goes before its tool results
+        if "tool_calls" not in message:
+            print(
+                f"\n[{round_number} rounds · last round input {usage.prompt_tokens if usage else '?'} tokens · "
+                f"finish_reason={finish_reason}]",
+                file=sys.stderr,
+            )
+            return
+        # One tool message per call, in the order the model asked.
+        for call in message["tool_calls"]:
+            name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
+            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool(name, raw_arguments)})
+    print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,103 @@
+"""Shared fixtures: a fake provider per test, and the agent run as a real subprocess.
+
+Every run is hermetic: a temporary working directory, a minimal environment
+(no real keys, no .env from the repo, no proxy), the fake provider's URL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fake_provider import FakeProvider
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def program(chapter: int | str) -> Path:
+    """Path of a chapter's agent.py (1..11), or of the finished agent.py ("final")."""
+    if chapter == "final":
+        return ROOT / "agent.py"
+    return ROOT / "exercises" / f"ex{int(chapter):02d}" / "agent.py"
+
+
+@pytest.fixture
+def provider():
+    with FakeProvider() as fp:
+        yield fp
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    return work
+
+
+def hermetic_env(provider: FakeProvider | None, home: Path, **extra: str | None) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "OPENAI_API_KEY": "test-key-not-real",
+        "OPENAI_BASE_URL": provider.url if provider else "http://127.0.0.1:9/v1",
+        "MODEL": "test-model",
+    }
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_agent(
+    chapter: int | str,
+    *args: str,
+    provider: FakeProvider | None,
+    cwd: Path,
+    stdin: str | None = None,
+    timeout: float = 60,
+    **env: str | None,
+) -> subprocess.CompletedProcess:
+    """Run a chapter's program to completion; stdout and stderr are text."""
+    return subprocess.run(
+        [sys.executable, str(program(chapter)), *args],
+        cwd=cwd,
+        env=hermetic_env(provider, cwd.parent, **env),
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
+    )
+
+
+def start_agent(
+    chapter: int | str, *args: str, provider: FakeProvider | None, cwd: Path, **env: str | None
+) -> subprocess.Popen:
+    """Start a chapter's program without waiting; pipes for stdin, stdout, stderr (bytes)."""
+    return subprocess.Popen(
+        [sys.executable, str(program(chapter)), *args],
+        cwd=cwd,
+        env=hermetic_env(provider, cwd.parent, **env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def assert_clean_failure(result: subprocess.CompletedProcess, *needles: str, code: int = 1) -> None:
+    """An expected failure: the exit code, one line on stderr, no traceback."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines and lines[-1].startswith(("error:", "stopped:")), result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
