@@ -1,0 +1,505 @@
+"""Chapter 10 — Back up before overwriting (误删保护).
+
+Overwriting a file is allowed, but the old version keeps a second chance:
+write_file and edit_file copy it into .trash/ first, and refuse to change
+the file if that copy fails. -restore FILE brings the newest copy back.
+
+    python exercises/ex10/agent.py "Rewrite notes.txt as a bulleted list"
+    python exercises/ex10/agent.py -restore notes.txt
+"""
+
+import itertools
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NoReturn
+
+import openai
+from dotenv import find_dotenv, load_dotenv
+
+# ---- configuration: environment variables, or a .env file where you run ----
+
+load_dotenv(find_dotenv(usecwd=True))  # real environment variables win over .env
+API_KEY = os.environ.get("OPENAI_API_KEY", "").strip()
+BASE_URL = os.environ.get("OPENAI_BASE_URL", "").strip() or "https://api.openai.com/v1"
+MODEL = os.environ.get("MODEL", "").strip()
+
+SETUP_GUIDE = """\
+error: OPENAI_API_KEY and MODEL must be set (in the environment or in a .env file).
+For DeepSeek:
+  OPENAI_API_KEY=sk-...  OPENAI_BASE_URL=https://api.deepseek.com  MODEL=deepseek-v4-flash
+For a local Ollama:
+  OPENAI_API_KEY=ollama  OPENAI_BASE_URL=http://localhost:11434/v1  MODEL=qwen3:8b"""
+
+# What to do about the HTTP errors people actually meet.
+HINTS = {
+    401: "check OPENAI_API_KEY",
+    402: "check your account balance",
+    403: "check your account's permissions",
+    404: "check MODEL and OPENAI_BASE_URL",
+    429: "rate limited: wait a moment and try again",
+}
+
+
+def die(message: str) -> NoReturn:
+    """Expected failures end with one line on stderr, never a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def describe(error: openai.APIError) -> str:
+    """One line for an API failure: what happened and what to do about it."""
+    if isinstance(error, openai.APITimeoutError):
+        return f"no answer from {BASE_URL} in time; try again"
+    if isinstance(error, openai.APIConnectionError):
+        return f"cannot reach {BASE_URL}: is the server up and OPENAI_BASE_URL right?"
+    message = error.body.get("message") if isinstance(error.body, dict) else None
+    message = message or error.message
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        hint = HINTS.get(status, "the provider failed; try again later" if status >= 500 else "")
+        return f"HTTP {status}: {message}" + (f" ({hint})" if hint else "")
+    return f"the API failed: {message}"
+
+
+MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
+DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
+OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+
+
+BASE_PROMPT = """\
+You are a coding agent working in the user's current directory.
+- Act through your tools; do not describe a plan you could carry out yourself.
+- Prefer read_file, write_file and edit_file for files. Keep bash for what they
+  cannot do: running tests, git, installing packages, system information.
+- Read a file before you change it, also when you change it through bash.
+- Prefer edit_file to sed -i or rewriting a whole file.
+- Make only the change you were asked for, then say briefly what you did."""
+
+
+class TurnFailed(Exception):
+    """A model turn that did not complete; the message says why."""
+
+
+# ---- tools: each one a definition (what the model sees) and a function (what runs) ----
+
+
+def definition(name: str, description: str, **parameters: str) -> dict:
+    """A tool definition in the Chat Completions format; every parameter is a required string."""
+    properties = {key: {"type": "string", "description": text} for key, text in parameters.items()}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(parameters)},
+        },
+    }
+
+
+def store(path: str, text: str) -> str:
+    """Write text to path as UTF-8, creating parent directories. An existing
+    file is backed up first; returns a note that names the backup."""
+    note = ""
+    if Path(path).exists():
+        try:
+            note = f" (old version saved as {backup(Path(path)).relative_to(WORKDIR)})"
+        except OSError as error:
+            raise OSError(
+                f"could not back up the old version ({error.strerror or error}); the file was not changed"
+            ) from None
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(text.encode("utf-8"))
+    return note
+
+
+READ_FILE = definition(
+    "read_file", "Read a text file and return its contents.", path="file path, relative to the working directory"
+)
+
+
+def read_file(args: dict) -> str:
+    # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
+    return Path(args["path"]).read_bytes().decode("utf-8", errors="replace")
+
+
+WRITE_FILE = definition(
+    "write_file",
+    "Create a file, or overwrite an existing one you have read. Reports the bytes written.",
+    path="file path",
+    content="the complete new contents",
+)
+
+
+def write_file(args: dict) -> str:
+    note = store(args["path"], args["content"])
+    return f"wrote {len(args['content'].encode('utf-8'))} bytes to {args['path']}{note}"
+
+
+EDIT_FILE = definition(
+    "edit_file",
+    "Replace one exact occurrence of old_string with new_string in a file you have read.",
+    path="file path",
+    old_string="text to replace; must occur exactly once",
+    new_string="replacement text",
+)
+
+
+def edit_file(args: dict) -> str:
+    path, old, new = args["path"], args["old_string"], args["new_string"]
+    if not old:
+        return "error: old_string is empty; copy the exact text to replace from the file"
+    try:
+        text = Path(path).read_bytes().decode("utf-8")  # strict: never rewrite bytes we could not decode
+    except UnicodeDecodeError:
+        return f"error: {path} is not UTF-8 text; edit_file cannot change it safely"
+    count = text.count(old)
+    if count == 0:
+        return f"error: old_string was not found in {path}; read the file again and copy the text exactly, whitespace included"
+    if count > 1:
+        return f"error: old_string appears {count} times in {path}; include more of the surrounding text so it matches once"
+    note = store(path, text.replace(old, new, 1))
+    return f"edited {path}: replaced 1 occurrence{note}"
+
+
+# ---- permissions: a hard gate in front of bash; the model has no say ----
+
+DENY = ["rm -rf /", "rm -rf ~"]
+ASK = ["rm -rf", "sudo ", "git push --force", "curl "]
+ALLOW = ["ls", "cat ", "pwd", "echo ", "git status"]
+# With any of these a command can run, or write, more than its first word says.
+CHAINING_OR_REDIRECTION = set(";|&$()`\n><")
+
+
+def permission(command: str) -> str:
+    """'allow', 'ask' or 'deny'. The order of the checks, not of the rules, decides."""
+    command = command.strip()
+    if any(rule in command for rule in DENY):
+        return "deny"
+    if any(rule in command for rule in ASK):
+        return "ask"
+    if not CHAINING_OR_REDIRECTION & set(command):
+        for rule in ALLOW:
+            word = rule.strip()  # a whole word: `ls` allows `ls -la`, not `lsof`
+            if command == word or command.startswith(word + " "):
+                return "allow"
+    return "ask"
+
+
+def approved(command: str) -> bool:
+    """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
+    print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()  # "" at EOF: nobody is there to say yes
+    return answer.strip().lower() in ("y", "yes")
+
+
+BASH = definition(
+    "bash",
+    "Run a shell command (sh -c) in the working directory; output is stdout and stderr combined.",
+    command="the command",
+)
+# timeout is optional and an integer, so it is added by hand.
+BASH["function"]["parameters"]["properties"]["timeout"] = {
+    "type": "integer",
+    "description": f"seconds before the command is killed (default {DEFAULT_TIMEOUT}, at most {MAX_TIMEOUT})",
+}
+
+
+def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
+    """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
+    process = subprocess.Popen(
+        ["sh", "-c", command],
+        cwd=WORKDIR,
+        stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so a kill reaches everything it starts
+    )
+    deadline = time.monotonic() + timeout
+    tail, total, status = b"", 0, None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if not selector.select(left):
+                    continue
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:  # every writer has closed the pipe: the command is done
+                    status = process.wait(max(0.0, deadline - time.monotonic()))
+                    break
+                total += len(chunk)
+                tail = (tail + chunk)[-OUTPUT_CAP:]  # keep only the tail: memory stays bounded
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if status is None:  # timed out (or Ctrl-C): kill the whole group, grandchildren too
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        process.stdout.close()
+    return tail, total, status
+
+
+def shown(tail: bytes, total: int) -> str:
+    """The text the model sees: the whole output, or its tail from a line start with a marker."""
+    if total > len(tail):
+        start = tail.find(b"\n") + 1  # drop the partial first line
+        if 0 < start < len(tail):
+            tail = tail[start:]
+        return f"[... first {total - len(tail)} bytes truncated, showing the end ...]\n" + tail.decode(
+            "utf-8", errors="replace"
+        )
+    return tail.decode("utf-8", errors="replace")
+
+
+def bash(args: dict) -> str:
+    timeout = args.get("timeout", DEFAULT_TIMEOUT)
+    if type(timeout) is not int or timeout < 1:
+        return "error: timeout must be a whole number of seconds, at least 1"
+    if timeout > MAX_TIMEOUT:
+        return f"error: timeout is at most {MAX_TIMEOUT} s; split the work into shorter commands"
+    verdict = permission(args["command"])
+    if verdict == "deny":
+        return "error: permission denied — the command matches a deny rule; it was not run"
+    if verdict == "ask" and not approved(args["command"]):
+        return "error: permission denied — the user did not approve this command"
+    tail, total, status = run_command(args["command"], timeout)
+    output = shown(tail, total)
+    if status is None:
+        return f"error: command exceeded {timeout} s and was killed. Output before the kill:\n{output}"
+    if status != 0:  # not a tool failure: information the model needs
+        return f"{output.rstrip()}\n[exit status {status}]".lstrip()
+    return output or "(command succeeded with no output)"
+
+
+# ---- backups: an overwrite keeps the old version in .trash/ ----
+
+TRASH = WORKDIR / ".trash"
+
+
+def backup_key(path: Path) -> str:
+    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt."""
+    return urllib.parse.quote(os.path.relpath(path.resolve(), WORKDIR), safe="")
+
+
+def backup(path: Path) -> Path:
+    """Copy path's current bytes into .trash/ under a name no other backup has; return it."""
+    data = path.read_bytes()
+    TRASH.mkdir(exist_ok=True)
+    # UTC to the microsecond sorts by age; "~" separates it from the key.
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    for attempt in itertools.count():
+        target = TRASH / f"{backup_key(path)}~{stamp}{f'.{attempt}' if attempt else ''}"
+        try:
+            with open(target, "xb") as file:  # "x": fail rather than replace another backup
+                file.write(data)
+            return target
+        except FileExistsError:
+            continue
+
+
+def restore(name: str) -> None:
+    """-restore FILE: put back FILE's newest backup, backing up the current version first."""
+    target = Path(name)
+    if not TRASH.is_dir():
+        die("there is no .trash directory here: nothing has been backed up yet")
+    key = backup_key(target)
+    backups = sorted(path for path in TRASH.iterdir() if path.name.rpartition("~")[0] == key)
+    if not backups:
+        die(f"no backup of {name} in .trash")
+    newest = backups[-1]
+    try:
+        data = newest.read_bytes()
+        if target.exists():
+            backup(target)  # the version being replaced gets its own second chance
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    except OSError as error:
+        die(f"cannot restore {name}: {error.strerror or error}")
+    print(f"restored {newest.relative_to(WORKDIR)} -> {name}")
+
+
+# ---- the registry: dispatch by name, and the rules that span tools ----
+
+
+@dataclass
+class Tool:
+    definition: dict  # what the model sees
+    run: Callable[[dict], str]  # what runs: arguments in, result text out
+    changes_files: bool = False  # read-before-write applies
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.tools: dict[str, Tool] = {}
+        self.known_files: set[Path] = set()  # files this run has read or written
+
+    def register(self, definition: dict, run: Callable[[dict], str], changes_files: bool = False) -> None:
+        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files)
+
+    def definitions(self) -> list[dict]:
+        return [tool.definition for tool in self.tools.values()]
+
+    def run(self, name: str, raw_arguments: str) -> str:
+        """Run one tool call. Every failure becomes an "error: ..." result the model can act on."""
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: unknown tool {name!r}; the tools are: {', '.join(self.tools)}"
+        try:
+            args = json.loads(raw_arguments or "{}")
+        except json.JSONDecodeError as error:
+            return f"error: the arguments are not valid JSON ({error.msg}); send one JSON object"
+        if not isinstance(args, dict):
+            return "error: the arguments must be a JSON object"
+        parameters = tool.definition["function"]["parameters"]
+        for key in parameters["required"]:
+            if not isinstance(args.get(key), str):
+                return f"error: {name} needs a {key!r} string"
+
+        # Read before write: the model may only change a file whose current
+        # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
+        path = Path(args["path"]).resolve() if "path" in args else None
+        if tool.changes_files and path.exists() and path not in self.known_files:
+            return (
+                f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
+            )
+        try:
+            result = tool.run(args)
+        except OSError as error:
+            return f"error: {name} failed on {args.get('path', '')}: {error.strerror or error}"
+        if path and not result.startswith("error:"):
+            self.known_files.add(path)
+        return result
+
+
+registry = Registry()
+registry.register(READ_FILE, read_file)
+registry.register(WRITE_FILE, write_file, changes_files=True)
+registry.register(EDIT_FILE, edit_file, changes_files=True)
+registry.register(BASH, bash)
+
+
+# ---- one model turn: stream the text, assemble the tool calls ----
+
+
+def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
+    """Print text as it arrives; return (assistant message, finish_reason, usage)."""
+    text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            max_tokens=4096,
+            messages=history,
+            tools=registry.definitions(),
+            stream=True,
+            stream_options={"include_usage": True},  # a stream carries usage only if asked
+        )
+        for chunk in stream:
+            # DeepSeek puts usage on the finish chunk; OpenAI and Ollama send
+            # one more chunk with empty choices. Keep whichever carries it.
+            usage = chunk.usage or usage
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            delta = choice.delta
+            if delta.content:
+                print(delta.content, end="", flush=True)
+                text += delta.content
+            # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for piece in delta.tool_calls or []:
+                # A call arrives in fragments: id and name first, then the
+                # arguments in pieces. Join them per index. (Ollama sends
+                # whole calls, and old versions leave out the index.)
+                index = piece.index if piece.index is not None else len(calls)
+                call = calls.setdefault(
+                    index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                call["id"] = piece.id or call["id"]
+                if piece.function:
+                    call["function"]["name"] = piece.function.name or call["function"]["name"]
+                    call["function"]["arguments"] += piece.function.arguments or ""
+            finish_reason = choice.finish_reason or finish_reason
+    except openai.APIError as error:
+        raise TurnFailed(describe(error)) from None
+    finally:
+        if text:
+            print(flush=True)  # end the text's line, complete or not
+    # A stream can simply stop (a proxy, a crash): no finish_reason means
+    # the turn is incomplete, and that is a failure, not a success.
+    if finish_reason is None:
+        raise TurnFailed("the stream ended before the answer was finished; try again")
+
+    message: dict = {"role": "assistant", "content": text or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message, finish_reason, usage
+
+
+def cached_tokens(usage: object) -> int:
+    """Prompt tokens served from the provider's cache: DeepSeek and OpenAI report them differently."""
+    hit = getattr(usage, "prompt_cache_hit_tokens", None)  # DeepSeek
+    if hit is None:  # OpenAI: usage.prompt_tokens_details.cached_tokens
+        hit = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    return hit or 0
+
+
+# ---- the agent loop: ask, run the tools it asks for, ask again ----
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] in ("-restore", "--restore"):
+        return restore(sys.argv[2])
+    if len(sys.argv) != 2 or not sys.argv[1].strip() or sys.argv[1].startswith("-"):
+        die('usage: python agent.py "your task"  |  python agent.py -restore FILE')
+    if not API_KEY or not MODEL:
+        print(SETUP_GUIDE, file=sys.stderr)
+        sys.exit(1)
+
+    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
+    # The same system prompt first, every request: it is the cacheable prefix.
+    history: list[dict] = [{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": sys.argv[1]}]
+    for round_number in range(1, MAX_ROUNDS + 1):
+        try:
+            message, finish_reason, usage = stream_turn(client, history)
+        except TurnFailed as failure:
+            die(str(failure))
+        history.append(message)  # the assistant message goes before its tool results
+        prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
+        if "tool_calls" not in message:
+            print(
+                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"finish_reason={finish_reason}]",
+                file=sys.stderr,
+            )
+            return
+        print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+        # One tool message per call, in the order the model asked.
+        for call in message["tool_calls"]:
+            name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
+            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+    print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
