@@ -172,7 +172,7 @@ class FakeProvider:
         self.gate = threading.Event()  # release() lets a paused reply go on
         self.received = threading.Condition()
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self.server = _Server(("127.0.0.1", 0), _handler_for(self))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -231,6 +231,11 @@ class FakeProvider:
             self.received.notify_all()
         with self._lock:
             return self.replies.pop(0) if self.replies else None
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that went away (killed, interrupted) is normal in these tests
 
 
 def _handler_for(fp: FakeProvider) -> type[BaseHTTPRequestHandler]:

@@ -48,7 +48,7 @@ def describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APITimeoutError):
         return f"no answer from {BASE_URL} in time; try again"
     if isinstance(error, openai.APIConnectionError):
-        return f"cannot reach {BASE_URL}: is the server up and OPENAI_BASE_URL right?"
+        return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
     message = error.body.get("message") if isinstance(error.body, dict) else None
     message = message or error.message
     if isinstance(error, openai.APIStatusError):

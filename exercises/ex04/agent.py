@@ -59,7 +59,7 @@ def describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APITimeoutError):
         return f"no answer from {BASE_URL} in time; try again"
     if isinstance(error, openai.APIConnectionError):
-        return f"cannot reach {BASE_URL}: is the server up and OPENAI_BASE_URL right?"
+        return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
     message = error.body.get("message") if isinstance(error.body, dict) else None
     message = message or error.message
     if isinstance(error, openai.APIStatusError):
@@ -134,7 +134,7 @@ class AnthropicProvider:
         except urllib.error.HTTPError as error:
             raise TurnFailed(f"HTTP {error.code}: {anthropic_error_message(error)}") from None
         except (urllib.error.URLError, OSError) as error:
-            raise TurnFailed(f"cannot reach {ANTHROPIC_BASE_URL}: {error}") from None
+            raise TurnFailed(f"cannot reach {ANTHROPIC_BASE_URL}: {getattr(error, 'reason', error)}") from None
         except ValueError:
             raise TurnFailed("the API answered with something that is not JSON") from None
         # content is a list of blocks; the answer is the text blocks joined.

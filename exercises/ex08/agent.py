@@ -57,7 +57,7 @@ def describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APITimeoutError):
         return f"no answer from {BASE_URL} in time; try again"
     if isinstance(error, openai.APIConnectionError):
-        return f"cannot reach {BASE_URL}: is the server up and OPENAI_BASE_URL right?"
+        return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
     message = error.body.get("message") if isinstance(error.body, dict) else None
     message = message or error.message
     if isinstance(error, openai.APIStatusError):
@@ -268,7 +268,7 @@ class Registry:
             return "error: the arguments must be a JSON object"
         parameters = tool.definition["function"]["parameters"]
         for key in parameters["required"]:
-            if not isinstance(args.get(key), str):
+            if not isinstance(args.get(key), str) or (key == "path" and not args[key]):
                 return f"error: {name} needs a {key!r} string"
 
         # Read before write: the model may only change a file whose current

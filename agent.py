@@ -1,0 +1,813 @@
+"""Chapter 11 — Session persistence (会话持久化).
+
+The history list is only a view in memory; the conversation itself is an
+append-only JSONL file in .sessions/. The process can die at any byte; the
+conversation does not. This file is also the finished agent.py.
+
+    python agent.py "My name is Xiaoming; remember it"
+    python agent.py -c last "What is my name?"
+    python agent.py -list
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import re
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from dotenv import find_dotenv, load_dotenv
+
+if TYPE_CHECKING:
+    import openai  # imported where a model is called: it takes about a second
+
+# ---- configuration: environment variables, or a .env file where you run ----
+
+load_dotenv(find_dotenv(usecwd=True))  # real environment variables win over .env
+API_KEY = os.environ.get("OPENAI_API_KEY", "").strip()
+BASE_URL = os.environ.get("OPENAI_BASE_URL", "").strip() or "https://api.openai.com/v1"
+MODEL = os.environ.get("MODEL", "").strip()
+
+SETUP_GUIDE = """\
+error: OPENAI_API_KEY and MODEL must be set (in the environment or in a .env file).
+For DeepSeek:
+  OPENAI_API_KEY=sk-...  OPENAI_BASE_URL=https://api.deepseek.com  MODEL=deepseek-v4-flash
+For a local Ollama:
+  OPENAI_API_KEY=ollama  OPENAI_BASE_URL=http://localhost:11434/v1  MODEL=qwen3:8b"""
+
+# What to do about the HTTP errors people actually meet.
+HINTS = {
+    401: "check OPENAI_API_KEY",
+    402: "check your account balance",
+    403: "check your account's permissions",
+    404: "check MODEL and OPENAI_BASE_URL",
+    429: "rate limited: wait a moment and try again",
+}
+
+
+def die(message: str) -> NoReturn:
+    """Expected failures end with one line on stderr, never a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def describe(error: openai.APIError) -> str:
+    """One line for an API failure: what happened and what to do about it."""
+    import openai
+
+    if isinstance(error, openai.APITimeoutError):
+        return f"no answer from {BASE_URL} in time; try again"
+    if isinstance(error, openai.APIConnectionError):
+        return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
+    message = error.body.get("message") if isinstance(error.body, dict) else None
+    message = message or error.message
+    if isinstance(error, openai.APIStatusError):
+        status = error.status_code
+        hint = HINTS.get(status, "the provider failed; try again later" if status >= 500 else "")
+        return f"HTTP {status}: {message}" + (f" ({hint})" if hint else "")
+    return f"the API failed: {message}"
+
+
+MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
+DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
+OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+
+
+BASE_PROMPT = """\
+You are a coding agent working in the user's current directory.
+- Act through your tools; do not describe a plan you could carry out yourself.
+- Prefer read_file, write_file and edit_file for files. Keep bash for what they
+  cannot do: running tests, git, installing packages, system information.
+- Read a file before you change it, also when you change it through bash.
+- Prefer edit_file to sed -i or rewriting a whole file.
+- Make only the change you were asked for, then say briefly what you did."""
+
+
+class TurnFailed(Exception):
+    """A model turn that did not complete; the message says why."""
+
+
+# ---- tools: each one a definition (what the model sees) and a function (what runs) ----
+
+
+def definition(name: str, description: str, **parameters: str) -> dict:
+    """A tool definition in the Chat Completions format; every parameter is a required string."""
+    properties = {key: {"type": "string", "description": text} for key, text in parameters.items()}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(parameters)},
+        },
+    }
+
+
+def store(path: str, text: str) -> str:
+    """Write text to path as UTF-8, creating parent directories. An existing
+    file is backed up first; returns a note that names the backup."""
+    note = ""
+    if Path(path).exists():
+        try:
+            note = f" (old version saved as {backup(Path(path)).relative_to(WORKDIR)})"
+        except OSError as error:
+            raise OSError(
+                f"could not back up the old version ({error.strerror or error}); the file was not changed"
+            ) from None
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(text.encode("utf-8"))
+    return note
+
+
+READ_FILE = definition(
+    "read_file", "Read a text file and return its contents.", path="file path, relative to the working directory"
+)
+
+
+def read_file(args: dict) -> str:
+    # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
+    return Path(args["path"]).read_bytes().decode("utf-8", errors="replace")
+
+
+WRITE_FILE = definition(
+    "write_file",
+    "Create a file, or overwrite an existing one you have read. Reports the bytes written.",
+    path="file path",
+    content="the complete new contents",
+)
+
+
+def write_file(args: dict) -> str:
+    note = store(args["path"], args["content"])
+    return f"wrote {len(args['content'].encode('utf-8'))} bytes to {args['path']}{note}"
+
+
+EDIT_FILE = definition(
+    "edit_file",
+    "Replace one exact occurrence of old_string with new_string in a file you have read.",
+    path="file path",
+    old_string="text to replace; must occur exactly once",
+    new_string="replacement text",
+)
+
+
+def edit_file(args: dict) -> str:
+    path, old, new = args["path"], args["old_string"], args["new_string"]
+    if not old:
+        return "error: old_string is empty; copy the exact text to replace from the file"
+    try:
+        text = Path(path).read_bytes().decode("utf-8")  # strict: never rewrite bytes we could not decode
+    except UnicodeDecodeError:
+        return f"error: {path} is not UTF-8 text; edit_file cannot change it safely"
+    count = text.count(old)
+    if count == 0:
+        return f"error: old_string was not found in {path}; read the file again and copy the text exactly, whitespace included"
+    if count > 1:
+        return f"error: old_string appears {count} times in {path}; include more of the surrounding text so it matches once"
+    note = store(path, text.replace(old, new, 1))
+    return f"edited {path}: replaced 1 occurrence{note}"
+
+
+# ---- permissions: a hard gate in front of bash; the model has no say ----
+
+DENY = ["rm -rf /", "rm -rf ~"]
+ASK = ["rm -rf", "sudo ", "git push --force", "curl "]
+ALLOW = ["ls", "cat ", "pwd", "echo ", "git status"]
+# With any of these a command can run, or write, more than its first word says.
+CHAINING_OR_REDIRECTION = set(";|&$()`\n><")
+
+
+def permission(command: str) -> str:
+    """'allow', 'ask' or 'deny'. The order of the checks, not of the rules, decides."""
+    command = command.strip()
+    if any(rule in command for rule in DENY):
+        return "deny"
+    if any(rule in command for rule in ASK):
+        return "ask"
+    if not CHAINING_OR_REDIRECTION & set(command):
+        for rule in ALLOW:
+            word = rule.strip()  # a whole word: `ls` allows `ls -la`, not `lsof`
+            if command == word or command.startswith(word + " "):
+                return "allow"
+    return "ask"
+
+
+def approved(command: str) -> bool:
+    """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
+    print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline()  # "" at EOF: nobody is there to say yes
+    return answer.strip().lower() in ("y", "yes")
+
+
+BASH = definition(
+    "bash",
+    "Run a shell command (sh -c) in the working directory; output is stdout and stderr combined.",
+    command="the command",
+)
+# timeout is optional and an integer, so it is added by hand.
+BASH["function"]["parameters"]["properties"]["timeout"] = {
+    "type": "integer",
+    "description": f"seconds before the command is killed (default {DEFAULT_TIMEOUT}, at most {MAX_TIMEOUT})",
+}
+
+
+def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
+    """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
+    process = subprocess.Popen(
+        ["sh", "-c", command],
+        cwd=WORKDIR,
+        stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so a kill reaches everything it starts
+    )
+    deadline = time.monotonic() + timeout
+    tail, total, status = b"", 0, None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if not selector.select(left):
+                    continue
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:  # every writer has closed the pipe: the command is done
+                    status = process.wait(max(0.0, deadline - time.monotonic()))
+                    break
+                total += len(chunk)
+                tail = (tail + chunk)[-OUTPUT_CAP:]  # keep only the tail: memory stays bounded
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        if status is None:  # timed out (or Ctrl-C): kill the whole group, grandchildren too
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        process.stdout.close()
+    return tail, total, status
+
+
+def shown(tail: bytes, total: int) -> str:
+    """The text the model sees: the whole output, or its tail from a line start with a marker."""
+    if total > len(tail):
+        start = tail.find(b"\n") + 1  # drop the partial first line
+        if 0 < start < len(tail):
+            tail = tail[start:]
+        return f"[... first {total - len(tail)} bytes truncated, showing the end ...]\n" + tail.decode(
+            "utf-8", errors="replace"
+        )
+    return tail.decode("utf-8", errors="replace")
+
+
+def bash(args: dict) -> str:
+    timeout = args.get("timeout", DEFAULT_TIMEOUT)
+    if type(timeout) is not int or timeout < 1:
+        return "error: timeout must be a whole number of seconds, at least 1"
+    if timeout > MAX_TIMEOUT:
+        return f"error: timeout is at most {MAX_TIMEOUT} s; split the work into shorter commands"
+    verdict = permission(args["command"])
+    if verdict == "deny":
+        return "error: permission denied — the command matches a deny rule; it was not run"
+    if verdict == "ask" and not approved(args["command"]):
+        return "error: permission denied — the user did not approve this command"
+    tail, total, status = run_command(args["command"], timeout)
+    output = shown(tail, total)
+    if status is None:
+        return f"error: command exceeded {timeout} s and was killed. Output before the kill:\n{output}"
+    if status != 0:  # not a tool failure: information the model needs
+        return f"{output.rstrip()}\n[exit status {status}]".lstrip()
+    return output or "(command succeeded with no output)"
+
+
+# ---- backups: an overwrite keeps the old version in .trash/ ----
+
+TRASH = WORKDIR / ".trash"
+
+
+def backup_key(path: Path) -> str:
+    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt."""
+    return urllib.parse.quote(os.path.relpath(path.resolve(), WORKDIR), safe="")
+
+
+def backup(path: Path) -> Path:
+    """Copy path's current bytes into .trash/ under a name no other backup has; return it."""
+    data = path.read_bytes()
+    TRASH.mkdir(exist_ok=True)
+    # UTC to the microsecond sorts by age; "~" separates it from the key.
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    for attempt in itertools.count():
+        target = TRASH / f"{backup_key(path)}~{stamp}{f'.{attempt}' if attempt else ''}"
+        try:
+            with open(target, "xb") as file:  # "x": fail rather than replace another backup
+                file.write(data)
+            return target
+        except FileExistsError:
+            continue
+
+
+def restore(name: str) -> None:
+    """-restore FILE: put back FILE's newest backup, backing up the current version first."""
+    target = Path(name)
+    if not TRASH.is_dir():
+        die("there is no .trash directory here: nothing has been backed up yet")
+    key = backup_key(target)
+    backups = sorted(path for path in TRASH.iterdir() if path.name.rpartition("~")[0] == key)
+    if not backups:
+        die(f"no backup of {name} in .trash")
+    newest = backups[-1]
+    try:
+        data = newest.read_bytes()
+        if target.exists():
+            backup(target)  # the version being replaced gets its own second chance
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    except OSError as error:
+        die(f"cannot restore {name}: {error.strerror or error}")
+    print(f"restored {newest.relative_to(WORKDIR)} -> {name}")
+
+
+# ---- the registry: dispatch by name, and the rules that span tools ----
+
+
+@dataclass
+class Tool:
+    definition: dict  # what the model sees
+    run: Callable[[dict], str]  # what runs: arguments in, result text out
+    changes_files: bool = False  # read-before-write applies
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.tools: dict[str, Tool] = {}
+        self.known_files: set[Path] = set()  # files this run has read or written
+
+    def register(self, definition: dict, run: Callable[[dict], str], changes_files: bool = False) -> None:
+        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files)
+
+    def definitions(self) -> list[dict]:
+        return [tool.definition for tool in self.tools.values()]
+
+    def run(self, name: str, raw_arguments: str) -> str:
+        """Run one tool call. Every failure becomes an "error: ..." result the model can act on."""
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: unknown tool {name!r}; the tools are: {', '.join(self.tools)}"
+        try:
+            args = json.loads(raw_arguments or "{}")
+        except json.JSONDecodeError as error:
+            return f"error: the arguments are not valid JSON ({error.msg}); send one JSON object"
+        if not isinstance(args, dict):
+            return "error: the arguments must be a JSON object"
+        parameters = tool.definition["function"]["parameters"]
+        for key in parameters["required"]:
+            if not isinstance(args.get(key), str) or (key == "path" and not args[key]):
+                return f"error: {name} needs a {key!r} string"
+
+        # Read before write: the model may only change a file whose current
+        # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
+        path = Path(args["path"]).resolve() if "path" in args else None
+        if tool.changes_files and path.exists() and path not in self.known_files:
+            return (
+                f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
+            )
+        try:
+            result = tool.run(args)
+        except OSError as error:
+            return f"error: {name} failed on {args.get('path', '')}: {error.strerror or error}"
+        if path and not result.startswith("error:"):
+            self.known_files.add(path)
+        return result
+
+
+registry = Registry()
+registry.register(READ_FILE, read_file)
+registry.register(WRITE_FILE, write_file, changes_files=True)
+registry.register(EDIT_FILE, edit_file, changes_files=True)
+registry.register(BASH, bash)
+
+
+# ---- sessions: the conversation is an append-only JSONL file on disk ----
+# Line 1 is a header; then one line per message, exactly as the API sent it.
+# The history list is only a view of that file: the process may die at any
+# moment, and the conversation must survive it.
+
+SESSIONS = WORKDIR / ".sessions"
+SESSION_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")  # the only names that ever reach the filesystem
+ROLES = {"system", "user", "assistant", "tool"}
+
+
+class SessionError(Exception):
+    """A session problem the user must hear about; the message is one line."""
+
+
+def record_line(record: dict) -> bytes:
+    """One record as one line. json.dumps escapes newlines, so a line is a record."""
+    try:
+        return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate from a split emoji: escape it, json.loads rejoins it
+        return json.dumps(record).encode("ascii") + b"\n"
+
+
+class Session:
+    def __init__(self, session_id: str, fd: int, created_at: str) -> None:
+        self.id = session_id
+        self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
+        self.created_at = created_at
+        self.history: list[dict] = []
+        self.saved = 0  # how many messages of history are already in the file
+        self.size = 0  # bytes in the file
+
+    def save(self) -> None:
+        """Append the messages added since the last save: one write of whole lines, then fsync.
+        The cost depends on what is new, never on how long the conversation is."""
+        data = b"".join(record_line({"type": "message", "message": m}) for m in self.history[self.saved :])
+        if self.size == 0:  # a new file, or one whose header never reached the disk
+            header = {"type": "meta", "id": self.id, "created_at": self.created_at, "version": 1}
+            data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
+        if not data:
+            return
+        try:
+            view = memoryview(data)
+            while view:  # one write() for a regular file; the loop only guards a short write
+                view = view[os.write(self.fd, view) :]
+            os.fsync(self.fd)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # take back a half-written batch
+            raise SessionError(f"cannot save session {self.id}: {error.strerror or error}") from None
+        self.size += len(data)
+        self.saved = len(self.history)
+
+
+def lock(fd: int, session_id: str) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when we exit, however
+    except BlockingIOError:
+        raise SessionError(f"session {session_id} is in use by another agent.py; wait for it to finish") from None
+
+
+def create_session(first_messages: list[dict]) -> Session:
+    """A new file, created exclusively, private, with its header on disk before anyone sees the ID."""
+    try:
+        SESSIONS.mkdir(mode=0o700, exist_ok=True)  # sessions hold prompts and file contents: private
+        session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+        path = SESSIONS / f"{session_id}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise SessionError(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
+    lock(fd, session_id)
+    session = Session(session_id, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
+    session.history = first_messages
+    try:
+        session.save()
+        directory = os.open(SESSIONS, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the new name is durable too, not only the bytes
+        finally:
+            os.close(directory)
+    except (SessionError, OSError):
+        path.unlink(missing_ok=True)  # never announced, holds nothing: not a session yet
+        raise
+    return session
+
+
+def session_files() -> dict[str, Path]:
+    """Session ID -> path, for every well-formed name in .sessions."""
+    try:
+        return {p.stem: p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)}
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise SessionError(f"cannot read {SESSIONS}: {error.strerror or error}") from None
+
+
+def find_session(wanted: str) -> str:
+    """The full ID for an ID, a unique prefix of one, or "last" (the most recently active)."""
+    if wanted != "last" and not re.fullmatch(r"[0-9a-f-]{1,24}", wanted):
+        shown_id = wanted if len(wanted) <= 40 else wanted[:40] + "…"
+        raise SessionError(
+            f"{shown_id!r} is not a session ID (an ID like 20260801-090720-56492195, a unique prefix, or last)"
+        )
+    sessions = session_files()
+    if wanted == "last" and sessions:
+        return max(sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
+    matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
+    if len(matches) > 1:
+        raise SessionError(f"{wanted} matches {len(matches)} sessions; give more of the ID")
+    if not matches:
+        raise SessionError(f"no session {wanted} in {SESSIONS.name}/ (python agent.py -list shows them)")
+    return matches[0]
+
+
+def well_formed(message: object) -> bool:
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        return False
+    calls = message.get("tool_calls")
+    return calls is None or (
+        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls)
+    )
+
+
+def parse_session(data: bytes) -> tuple[list[dict], list[int], int]:
+    """(messages, numbers of damaged lines, bytes of complete lines). Split on \\n only:
+    str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
+    lines = data.split(b"\n")
+    torn = lines.pop()  # after the last newline: b"" or a line whose write was cut short
+    messages, damaged = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except ValueError:  # not UTF-8, not JSON, NUL bytes
+            damaged.append(number)
+            continue
+        if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
+            messages.append(record["message"])
+        elif not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
+            damaged.append(number)
+    return messages, damaged, len(data) - len(torn)
+
+
+def open_session(wanted: str) -> Session:
+    """Lock an existing session, repair a torn tail, and load its messages."""
+    session_id = find_session(wanted)
+    try:
+        fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        lock(fd, session_id)  # before reading: another run may be appending right now
+        with open(fd, "rb", closefd=False) as file:
+            data = file.read()
+    except OSError as error:
+        raise SessionError(f"cannot open session {session_id}: {error.strerror or error}") from None
+    messages, damaged, complete = parse_session(data)
+    if complete < len(data):
+        # A crash cut the last write short. Cut it off before appending, or
+        # the next record would be glued onto it and both would be lost.
+        try:
+            os.ftruncate(fd, complete)
+            os.fsync(fd)
+        except OSError as error:
+            raise SessionError(f"cannot repair session {session_id}: {error.strerror or error}") from None
+        print(
+            f"warning: dropped an incomplete last line ({len(data) - complete} bytes) left by an interrupted write",
+            file=sys.stderr,
+        )
+    if damaged:
+        numbers = ", ".join(map(str, damaged[:10])) + (", …" if len(damaged) > 10 else "")
+        print(
+            f"warning: skipped damaged line(s) {numbers} of {session_id}.jsonl; they stay in the file", file=sys.stderr
+        )
+    session = Session(session_id, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
+    session.history, session.saved, session.size = messages, len(messages), complete
+    return session
+
+
+def sendable(history: list[dict]) -> list[dict]:
+    """The history as this request needs it, whatever the file holds. Repairs
+    happen here, in memory, never silently on disk:
+    - a system prompt first;
+    - every tool call answered right after its assistant message (a crash or
+      an old file can leave one unanswered: the API would refuse every request);
+    - no tool message that answers nothing;
+    - reasoning_content only on tool-call turns, where DeepSeek's thinking mode requires it."""
+    out = [] if history and history[0]["role"] == "system" else [{"role": "system", "content": BASE_PROMPT}]
+    pending: list[str] = []  # tool calls of the last assistant message still unanswered
+    for message in history:
+        if message["role"] == "tool":
+            if message.get("tool_call_id") in pending:
+                pending.remove(message["tool_call_id"])
+                out.append(message)
+            continue
+        out += [
+            {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"}
+            for i in pending
+        ]
+        pending = []
+        if message["role"] == "assistant":
+            message = {k: v for k, v in message.items() if k != "reasoning_content" or message.get("tool_calls")}
+            if not message.get("tool_calls"):
+                message.pop("tool_calls", None)  # an empty list is refused by the API
+            pending = [call["id"] for call in message.get("tool_calls", [])]
+        out.append(message)
+    out += [
+        {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"} for i in pending
+    ]
+    return out
+
+
+def list_sessions() -> None:
+    """-list: one line per session, from a quick scan of its bytes, not the full loader."""
+    sessions = sorted(session_files().values(), key=lambda path: path.stat().st_mtime)
+    if not sessions:
+        print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
+    for path in sessions:
+        print(summary(path))
+
+
+def summary(path: Path) -> str:
+    modified = datetime.fromtimestamp(path.stat().st_mtime)
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
+    lines = data.split(b"\n")
+    damage = ["torn tail"] if lines.pop() else []
+    created, count, prompt = "?", 0, ""
+    corrupt = b"\0" in data
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip(b"\r")
+        if line.startswith((b'{"type": "message"', b'{"type":"message"')):
+            count += 1
+            if not prompt and (b'"role": "user"' in line or b'"role":"user"' in line):
+                with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                    prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
+        elif number == 1 and line.startswith((b'{"type": "meta"', b'{"type":"meta"')):
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+                created = json.loads(line)["created_at"][:16].replace("T", " ")
+        elif line:
+            corrupt = True
+        corrupt = corrupt or (line and not line.endswith(b"}"))
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        corrupt = True
+    damage += ["damaged lines"] if corrupt else []
+    prompt = prompt if len(prompt) <= 50 else prompt[:49] + "…"
+    mark = f"  [{', '.join(damage)}]" if damage else ""
+    return f"{path.stem}  created {created}  modified {modified:%Y-%m-%d %H:%M}  {count:>4} messages  {prompt}{mark}"
+
+
+# ---- one model turn: stream the text, assemble the tool calls ----
+
+
+def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
+    """Print text as it arrives; return (assistant message, finish_reason, usage)."""
+    import openai
+
+    text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
+    try:
+        stream = client.chat.completions.create(
+            model=MODEL,
+            max_tokens=4096,
+            messages=history,
+            tools=registry.definitions(),
+            stream=True,
+            stream_options={"include_usage": True},  # a stream carries usage only if asked
+        )
+        for chunk in stream:
+            # DeepSeek puts usage on the finish chunk; OpenAI and Ollama send
+            # one more chunk with empty choices. Keep whichever carries it.
+            usage = chunk.usage or usage
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            delta = choice.delta
+            if delta.content:
+                print(delta.content, end="", flush=True)
+                text += delta.content
+            # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            for piece in delta.tool_calls or []:
+                # A call arrives in fragments: id and name first, then the
+                # arguments in pieces. Join them per index. (Ollama sends
+                # whole calls, and old versions leave out the index.)
+                index = piece.index if piece.index is not None else len(calls)
+                call = calls.setdefault(
+                    index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
+                call["id"] = piece.id or call["id"]
+                if piece.function:
+                    call["function"]["name"] = piece.function.name or call["function"]["name"]
+                    call["function"]["arguments"] += piece.function.arguments or ""
+            finish_reason = choice.finish_reason or finish_reason
+    except openai.APIError as error:
+        raise TurnFailed(describe(error)) from None
+    finally:
+        if text:
+            print(flush=True)  # end the text's line, complete or not
+    # A stream can simply stop (a proxy, a crash): no finish_reason means
+    # the turn is incomplete, and that is a failure, not a success.
+    if finish_reason is None:
+        raise TurnFailed("the stream ended before the answer was finished; try again")
+
+    message: dict = {"role": "assistant", "content": text or None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    return message, finish_reason, usage
+
+
+def cached_tokens(usage: object) -> int:
+    """Prompt tokens served from the provider's cache: DeepSeek and OpenAI report them differently."""
+    hit = getattr(usage, "prompt_cache_hit_tokens", None)  # DeepSeek
+    if hit is None:  # OpenAI: usage.prompt_tokens_details.cached_tokens
+        hit = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    return hit or 0
+
+
+# ---- the agent loop: ask, run the tools it asks for, ask again ----
+
+
+USAGE = """\
+usage: python agent.py "task"                 start a new session
+       python agent.py -c ID "follow-up"      continue session ID (a unique prefix will do)
+       python agent.py -c last "follow-up"    continue the most recently active session
+       python agent.py -list                  list the sessions in .sessions/
+       python agent.py -restore FILE          restore FILE's newest backup from .trash/
+       python agent.py -h                     this help"""
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        return print(USAGE)
+    if len(args) == 2 and args[0] in ("-restore", "--restore"):
+        return restore(args[1])
+    if args in (["-list"], ["--list"]):
+        return list_sessions()
+    if len(args) == 3 and args[0] in ("-c", "--continue") and args[2].strip():
+        resume_id, task = args[1], args[2]
+    elif len(args) == 1 and args[0].strip() and not args[0].startswith("-"):
+        resume_id, task = None, args[0]
+    else:
+        print(USAGE, file=sys.stderr)
+        sys.exit(1)
+    if not API_KEY or not MODEL:
+        print(SETUP_GUIDE, file=sys.stderr)
+        sys.exit(1)
+
+    if resume_id is not None:
+        session = open_session(resume_id)
+        print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
+        session.history.append({"role": "user", "content": task})
+        session.save()
+    else:
+        # The same system prompt first, every request: it is the cacheable prefix.
+        session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": task}])
+        print(f"[new session {session.id}]", file=sys.stderr)
+    hint = f"[session {session.id} — continue with: -c {session.id}]"
+    try:
+        run(session, hint)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the rounds completed so far are saved\n{hint}", file=sys.stderr)
+        sys.exit(130)
+
+
+def run(session: Session, hint: str) -> None:
+    import openai  # here, not at the top: -list, -restore and -h never pay the SDK's ~1 s import
+
+    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
+    history = session.history
+    for round_number in range(1, MAX_ROUNDS + 1):
+        try:
+            message, finish_reason, usage = stream_turn(client, sendable(history))
+        except TurnFailed as failure:
+            print(f"error: {failure}\n{hint}", file=sys.stderr)  # every completed round is already on disk
+            sys.exit(1)
+        history.append(message)  # the assistant message goes before its tool results
+        prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
+        if "tool_calls" not in message:
+            session.save()
+            print(
+                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"finish_reason={finish_reason}]\n{hint}",
+                file=sys.stderr,
+            )
+            return
+        print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+        # One tool message per call, in the order the model asked.
+        for call in message["tool_calls"]:
+            name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
+            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+        session.save()  # the assistant message and all its results, in one write: never a call without its results
+    print(f"stopped: reached the {MAX_ROUNDS}-round limit\n{hint}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SessionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
