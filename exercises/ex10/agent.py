@@ -199,7 +199,9 @@ def permission(command: str) -> str:
 def approved(command: str) -> bool:
     """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
     print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()  # "" at EOF: nobody is there to say yes
+    answer = sys.stdin.readline()
+    if not answer:  # end of input: nobody is there to say yes
+        print("(no answer: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
 
 
