@@ -507,7 +507,9 @@ def find_session(wanted: str) -> str:
             f"{shown_id!r} is not a session ID (an ID like 20260801-090720-56492195, a unique prefix, or last)"
         )
     sessions = session_files()
-    if wanted == "last" and sessions:
+    if wanted == "last":
+        if not sessions:
+            raise SessionError(f"there is no session in {SESSIONS.name}/ to continue yet")
         return max(sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
     matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
     if len(matches) > 1:
@@ -749,8 +751,7 @@ def main() -> None:
     elif len(args) == 1 and args[0].strip() and not args[0].startswith("-"):
         resume_id, task = None, args[0]
     else:
-        print(USAGE, file=sys.stderr)
-        sys.exit(1)
+        die('usage: python agent.py "task" | -c ID "follow-up" | -c last "follow-up" | -list | -restore FILE | -h')
     if not API_KEY or not MODEL:
         print(SETUP_GUIDE, file=sys.stderr)
         sys.exit(1)
@@ -767,6 +768,9 @@ def main() -> None:
     hint = f"[session {session.id} — continue with: -c {session.id}]"
     try:
         run(session, hint)
+    except SessionError as error:  # a save failed: the file holds every round before it
+        print(f"error: {error}\n{hint}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the rounds completed so far are saved\n{hint}", file=sys.stderr)
         sys.exit(130)
