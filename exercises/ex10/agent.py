@@ -464,7 +464,7 @@ def cached_tokens(usage: object) -> int:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] in ("-restore", "--restore"):
+    if len(sys.argv) == 3 and sys.argv[1] in ("-restore", "--restore") and sys.argv[2].strip():
         return restore(sys.argv[2])
     if len(sys.argv) != 2 or not sys.argv[1].strip() or sys.argv[1].startswith("-"):
         die('usage: python agent.py "your task"  |  python agent.py -restore FILE')

@@ -742,7 +742,7 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] in (["-h"], ["--help"]):
         return print(USAGE)
-    if len(args) == 2 and args[0] in ("-restore", "--restore"):
+    if len(args) == 2 and args[0] in ("-restore", "--restore") and args[1].strip():
         return restore(args[1])
     if args in (["-list"], ["--list"]):
         return list_sessions()
