@@ -175,7 +175,7 @@ class FakeProvider:
         self.server = _Server(("127.0.0.1", 0), _handler_for(self))
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     # Addresses to hand to the agent.

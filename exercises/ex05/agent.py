@@ -104,8 +104,8 @@ def run_tool(name: str, raw_arguments: str) -> str:
     try:
         # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
         return Path(path).read_bytes().decode("utf-8", errors="replace")
-    except OSError as error:
-        return f"error: cannot read {path}: {error.strerror or error}"
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        return f"error: cannot read {path}: {getattr(error, 'strerror', None) or error}"
 
 
 # ---- one model turn: stream the text, assemble the tool calls ----

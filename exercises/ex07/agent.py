@@ -261,17 +261,15 @@ class Registry:
             if not isinstance(args.get(key), str) or (key == "path" and not args[key]):
                 return f"error: {name} needs a {key!r} string"
 
-        # Read before write: the model may only change a file whose current
-        # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-        path = Path(args["path"]).resolve() if "path" in args else None
-        if tool.changes_files and path.exists() and path not in self.known_files:
-            return (
-                f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
-            )
         try:
+            # Read before write: the model may only change a file whose current
+            # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
+            path = Path(args["path"]).resolve() if "path" in args else None
+            if tool.changes_files and path.exists() and path not in self.known_files:
+                return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
             result = tool.run(args)
-        except OSError as error:
-            return f"error: {name} failed on {args.get('path', '')}: {error.strerror or error}"
+        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+            return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
         return result

@@ -381,17 +381,15 @@ class Registry:
             if not isinstance(args.get(key), str) or (key == "path" and not args[key]):
                 return f"error: {name} needs a {key!r} string"
 
-        # Read before write: the model may only change a file whose current
-        # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-        path = Path(args["path"]).resolve() if "path" in args else None
-        if tool.changes_files and path.exists() and path not in self.known_files:
-            return (
-                f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
-            )
         try:
+            # Read before write: the model may only change a file whose current
+            # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
+            path = Path(args["path"]).resolve() if "path" in args else None
+            if tool.changes_files and path.exists() and path not in self.known_files:
+                return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
             result = tool.run(args)
-        except OSError as error:
-            return f"error: {name} failed on {args.get('path', '')}: {error.strerror or error}"
+        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+            return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
         return result
@@ -624,7 +622,14 @@ def list_sessions() -> None:
         print(summary(path))
 
 
+# What a healthy message line looks like, checked on bytes. A quote inside a
+# JSON string is always escaped, so these patterns only match the record itself.
+MESSAGE_START = (b'{"type": "message"', b'{"type":"message"')
+KNOWN_ROLE = re.compile(rb'"role": ?"(?:system|user|assistant|tool)"')
+
+
 def summary(path: Path) -> str:
+    """One -list line, from a byte scan: json.loads runs only on the header and the first prompt."""
     modified = datetime.fromtimestamp(path.stat().st_mtime)
     try:
         data = path.read_bytes()
@@ -632,29 +637,36 @@ def summary(path: Path) -> str:
         return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
     lines = data.split(b"\n")
     damage = ["torn tail"] if lines.pop() else []
-    created, count, prompt = "?", 0, ""
-    corrupt = b"\0" in data
+    all_utf8 = utf8(data)
+    created, count, prompt, damaged = "?", 0, "", False
     for number, line in enumerate(lines, start=1):
         line = line.rstrip(b"\r")
-        if line.startswith((b'{"type": "message"', b'{"type":"message"')):
+        starts = sum(map(line.count, MESSAGE_START))  # two records glued into one line: 2
+        if line.startswith(MESSAGE_START) and line.endswith(b"}") and starts == 1 and KNOWN_ROLE.search(line):
+            if not (all_utf8 or utf8(line)):
+                damaged = True
+                continue
             count += 1
-            if not prompt and (b'"role": "user"' in line or b'"role":"user"' in line):
-                with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            if not prompt and KNOWN_ROLE.search(line).group() in (b'"role": "user"', b'"role":"user"'):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
                     prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
         elif number == 1 and line.startswith((b'{"type": "meta"', b'{"type":"meta"')):
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 created = json.loads(line)["created_at"][:16].replace("T", " ")
-        elif line:
-            corrupt = True
-        corrupt = corrupt or (line and not line.endswith(b"}"))
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        corrupt = True
-    damage += ["damaged lines"] if corrupt else []
+        elif line.strip():
+            damaged = True
+    damage += ["damaged lines"] if damaged else []
     prompt = prompt if len(prompt) <= 50 else prompt[:49] + "…"
     mark = f"  [{', '.join(damage)}]" if damage else ""
     return f"{path.stem}  created {created}  modified {modified:%Y-%m-%d %H:%M}  {count:>4} messages  {prompt}{mark}"
+
+
+def utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 # ---- one model turn: stream the text, assemble the tool calls ----

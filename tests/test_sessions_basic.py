@@ -1,0 +1,709 @@
+"""Sessions (chapter 11, agent.py): the file format, the CLI forms, append-only saves.
+
+The real agent.py runs as a subprocess against the fake provider. The tests
+read what the user sees (stdout, stderr, exit code), what reached the server
+(the messages of every request) and the bytes in .sessions/. Two checks need
+instruments a subprocess cannot offer (how many write() calls a save makes,
+which descriptors are fsynced before create_session returns): they load
+agent.py in-process and spy on the standard library, never on the agent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import assert_clean_failure, hermetic_env, program
+from fake_provider import FakeProvider, Reply, text, tool_call
+
+AGENT = program("final")
+KEY = "sk-SECRET-7f3c9e1a-do-not-store-4b2d"  # distinctive: it must never reach a file
+ID_SHAPE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
+NEW = re.compile(r"^\[new session (\S+)\]$")
+RESUMED = re.compile(r"^\[resumed session (\S+), (\d+) messages\]$")
+TASK = "What does notes.txt say?"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def agent(provider: FakeProvider | None, workdir: Path, *args: str, **env: str | None) -> subprocess.CompletedProcess:
+    """Run agent.py to completion with umask 022, so 0600/0700 must come from the program itself."""
+    return subprocess.run(
+        [sys.executable, str(AGENT), *args],
+        cwd=workdir,
+        env=hermetic_env(provider, workdir.parent, **{"OPENAI_API_KEY": KEY, "TZ": os.environ.get("TZ"), **env}),
+        input="",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+        umask=0o022,
+    )
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def hint(session_id: str) -> str:
+    return f"[session {session_id} — continue with: -c {session_id}]"
+
+
+def new_session(provider: FakeProvider, workdir: Path, task: str, *replies: Reply) -> tuple[str, Path]:
+    provider.script(*replies)
+    result = agent(provider, workdir, task)
+    assert_ok(result)
+    match = NEW.match(stderr_lines(result)[0])
+    assert match, result.stderr
+    session_id = match.group(1)
+    assert stderr_lines(result)[-1] == hint(session_id), result.stderr
+    return session_id, workdir / ".sessions" / f"{session_id}.jsonl"
+
+
+def resume(provider: FakeProvider, workdir: Path, wanted: str, task: str, *replies: Reply) -> tuple[str, int]:
+    """-c wanted task: returns (the resumed ID, the message count it announced)."""
+    provider.script(*replies)
+    result = agent(provider, workdir, "-c", wanted, task)
+    assert_ok(result)
+    match = RESUMED.match(stderr_lines(result)[0])
+    assert match, result.stderr
+    assert stderr_lines(result)[-1] == hint(match.group(1)), result.stderr
+    return match.group(1), int(match.group(2))
+
+
+def records(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), data[-200:]
+    return [json.loads(line) for line in data.split(b"\n")[:-1]]
+
+
+def stored_messages(path: Path) -> list[dict]:
+    found = records(path)
+    assert all(r["type"] == "message" and set(r) == {"type", "message"} for r in found[1:]), found
+    return [r["message"] for r in found[1:]]
+
+
+def message_line(message: dict, compact: bool = False, **extra: object) -> bytes:
+    record = {"type": "message", "message": message, **extra}
+    separators = (",", ":") if compact else None
+    return json.dumps(record, ensure_ascii=False, separators=separators).encode() + b"\n"
+
+
+def call(call_id: str, name: str, arguments: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def assert_no_requests(provider: FakeProvider) -> None:
+    assert provider.requests == [], provider.requests
+
+
+# ---------------------------------------------------------------- a new session
+
+
+def test_new_session_file_format_modes_and_hint(provider: FakeProvider, workdir: Path) -> None:
+    (workdir / "notes.txt").write_text("buy milk\n", encoding="utf-8")
+    raw_args = '{"path":  "notes.txt" , "why":"caf\\u00e9 — 看看"}'  # odd spacing and escapes: stored byte for byte
+    started = datetime.now().astimezone()
+    provider.script(
+        tool_call("read_file", raw_args, call_id="call_00_Xy7", reasoning="I should read the file first."),
+        text("The notes say: buy milk.", reasoning="The file says buy milk."),
+    )
+    result = agent(provider, workdir, TASK)
+    assert_ok(result)
+    assert result.stdout == "The notes say: buy milk.\n"
+    match = NEW.match(stderr_lines(result)[0])
+    assert match, result.stderr
+    session_id = match.group(1)
+    assert result.stderr.endswith(hint(session_id) + "\n"), result.stderr  # the last thing said
+    assert KEY not in result.stderr + result.stdout
+    path = workdir / ".sessions" / f"{session_id}.jsonl"
+    assert ID_SHAPE.fullmatch(session_id), session_id
+    assert sorted(p.name for p in path.parent.iterdir()) == [f"{session_id}.jsonl"]
+
+    # Private, whatever the umask: directory 0700, file 0600.
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+    data = path.read_bytes()
+    first_line = data.split(b"\n", 1)[0]
+    meta = json.loads(first_line)
+    assert list(meta)[:2] == ["type", "id"], first_line
+    assert meta["type"] == "meta" and meta["id"] == session_id
+    assert meta["version"] == 1
+    assert meta["model"] == "test-model"
+    assert meta["base_url"] == provider.url
+    created = datetime.fromisoformat(meta["created_at"])
+    assert created.tzinfo is not None, meta
+    assert started - timedelta(seconds=5) <= created <= datetime.now().astimezone() + timedelta(seconds=5)
+
+    # The key appears nowhere: not in the file, not anywhere under .sessions, not in the workdir.
+    for file in workdir.rglob("*"):
+        if file.is_file():
+            assert KEY.encode() not in file.read_bytes(), file
+    assert b"sk-SECRET" not in data
+
+    # One record per message, the assistant messages exactly as the stream delivered them.
+    messages = stored_messages(path)
+    system = provider.chat_requests[0]["messages"][0]
+    assert system["role"] == "system" and system["content"]
+    assert messages == [
+        system,
+        {"role": "user", "content": TASK},
+        {
+            "role": "assistant",
+            "content": None,  # null on the tool-call turn, not ""
+            "reasoning_content": "I should read the file first.",
+            "tool_calls": [call("call_00_Xy7", "read_file", raw_args)],
+        },
+        {"role": "tool", "tool_call_id": "call_00_Xy7", "content": "buy milk\n"},
+        {"role": "assistant", "content": "The notes say: buy milk.", "reasoning_content": "The file says buy milk."},
+    ]
+    # The arguments string survives byte for byte, even through the JSON of the record.
+    assert json.loads(data.split(b"\n")[3])["message"]["tool_calls"][0]["function"]["arguments"] == raw_args
+
+    # What went to the server is what is on disk (the second request carries the first round).
+    assert provider.chat_requests[0]["messages"] == messages[:2]
+    assert provider.chat_requests[1]["messages"] == messages[:4]
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_resume_resends_history_and_appends(provider: FakeProvider, workdir: Path) -> None:
+    session_id, path = new_session(provider, workdir, "My name is Xiaoming; remember it", text("Hello, Xiaoming!"))
+    before = path.read_bytes()
+    old_messages = stored_messages(path)
+    assert len(old_messages) == 3
+
+    resumed, count = resume(provider, workdir, session_id, "What is my name?", text("Your name is Xiaoming."))
+    assert (resumed, count) == (session_id, 3)
+    request = provider.chat_requests[-1]["messages"]
+    assert request == [*old_messages, {"role": "user", "content": "What is my name?"}]
+
+    after = path.read_bytes()
+    assert after.startswith(before)
+    assert [json.loads(line) for line in after[len(before) :].splitlines()] == [
+        {"type": "message", "message": {"role": "user", "content": "What is my name?"}},
+        {"type": "message", "message": {"role": "assistant", "content": "Your name is Xiaoming."}},
+    ]
+    assert len(list(path.parent.iterdir())) == 1  # no second session appeared
+
+
+def test_multi_round_resume_keeps_the_old_bytes(provider: FakeProvider, workdir: Path) -> None:
+    """Guarantee 1 end to end: a three-round run appends; the bytes from before it never change."""
+    (workdir / "a.txt").write_text("alpha\n", encoding="utf-8")
+    (workdir / "b.txt").write_text("beta\n", encoding="utf-8")
+    session_id, path = new_session(provider, workdir, "Hi", text("Hi! What shall we do?"))
+    before = path.read_bytes()
+    header = before.split(b"\n", 1)[0]
+
+    _, count = resume(
+        provider,
+        workdir,
+        session_id,
+        "Read a.txt and b.txt",
+        tool_call("read_file", {"path": "a.txt"}, call_id="call_a"),
+        tool_call("read_file", {"path": "b.txt"}, call_id="call_b"),
+        text("a says alpha, b says beta."),
+    )
+    assert count == 3
+    after = path.read_bytes()
+    assert after.startswith(before)
+    assert after.split(b"\n", 1)[0] == header
+    new = [json.loads(line)["message"] for line in after[len(before) :].splitlines()]
+    assert new == [
+        {"role": "user", "content": "Read a.txt and b.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_a", "read_file", '{"path": "a.txt"}')]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "alpha\n"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_b", "read_file", '{"path": "b.txt"}')]},
+        {"role": "tool", "tool_call_id": "call_b", "content": "beta\n"},
+        {"role": "assistant", "content": "a says alpha, b says beta."},
+    ]
+    # Each request of the run carried the whole history so far.
+    old = stored_messages(path)[:3]
+    assert [len(r["messages"]) for r in provider.chat_requests[1:]] == [4, 6, 8]
+    assert provider.chat_requests[-1]["messages"] == old + new[:-1]
+
+
+def test_continue_last_picks_the_most_recently_modified(provider: FakeProvider, workdir: Path) -> None:
+    first_id, first = new_session(provider, workdir, "first task", text("first answer"))
+    second_id, second = new_session(provider, workdir, "second task", text("second answer"))
+    assert first_id != second_id
+    # The first session was created earlier but is the most recently active one.
+    future = time.time() + 120
+    os.utime(first, (future, future))
+    second_before = second.read_bytes()
+
+    resumed, count = resume(provider, workdir, "last", "and now?", text("ok"))
+    assert (resumed, count) == (first_id, 3)
+    assert provider.chat_requests[-1]["messages"][1] == {"role": "user", "content": "first task"}
+    assert second.read_bytes() == second_before
+    assert stored_messages(first)[-2:] == [
+        {"role": "user", "content": "and now?"},
+        {"role": "assistant", "content": "ok"},
+    ]
+
+
+def hand_written(workdir: Path, session_id: str, prompt: str, answer: str = "ok") -> Path:
+    sessions = workdir / ".sessions"
+    sessions.mkdir(mode=0o700, exist_ok=True)
+    path = sessions / f"{session_id}.jsonl"
+    header = {"type": "meta", "id": session_id, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
+    path.write_bytes(
+        json.dumps(header).encode()
+        + b"\n"
+        + message_line({"role": "system", "content": "You are a coding agent."})
+        + message_line({"role": "user", "content": prompt})
+        + message_line({"role": "assistant", "content": answer})
+    )
+    return path
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_unique_prefix_continues_and_ambiguous_prefix_is_an_error(provider: FakeProvider, workdir: Path) -> None:
+    one = hand_written(workdir, "20260801-090720-56492195", "prompt one")
+    hand_written(workdir, "20260801-090720-56aaaaaa", "prompt two")
+    hand_written(workdir, "20260802-101010-0badf00d", "prompt three")
+
+    before = snapshot(workdir)
+    result = agent(provider, workdir, "-c", "20260801-090720-56", "which one?")
+    assert_clean_failure(result)
+    assert len(stderr_lines(result)) == 1, result.stderr
+    assert "20260801-090720-56" in result.stderr and "2 sessions" in result.stderr, result.stderr
+    assert snapshot(workdir) == before
+    assert_no_requests(provider)
+
+    resumed, count = resume(provider, workdir, "20260801-090720-564", "the first one", text("yes"))
+    assert (resumed, count) == ("20260801-090720-56492195", 3)
+    assert provider.chat_requests[-1]["messages"][1]["content"] == "prompt one"
+    assert stored_messages(one)[-1] == {"role": "assistant", "content": "yes"}
+
+    resumed, _ = resume(provider, workdir, "20260802", "the third one", text("yes"))
+    assert resumed == "20260802-101010-0badf00d"
+
+
+# ---------------------------------------------------------------- -list, -h, -restore
+
+
+def list_line(stdout: str, session_id: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith(session_id)]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def count_of(line: str) -> int:
+    match = re.search(r"\b(\d+) messages\b", line)
+    assert match, line
+    return int(match.group(1))
+
+
+def test_list_shows_every_session_with_its_details(provider: FakeProvider, workdir: Path) -> None:
+    real_id, real = new_session(provider, workdir, "Read notes.txt\nand   summarise\tit", text("Nothing to read."))
+    long_prompt = "Please refactor the session loader so that " + "every corner case is handled " * 5
+    long_file = hand_written(workdir, "20260801-090720-56492195", long_prompt)
+    torn = hand_written(workdir, "20260802-101010-0badf00d", "a torn one")
+    torn.write_bytes(torn.read_bytes() + b'{"type": "message", "message": {"role": "us')
+    damaged = hand_written(workdir, "20260803-111111-deadbeef", "a damaged one")
+    lines = damaged.read_bytes().split(b"\n")
+    lines.insert(2, b"this line is not JSON")
+    damaged.write_bytes(b"\n".join(lines))
+    windows = hand_written(workdir, "20260805-080808-c0ffee00", "written on Windows")
+    windows.write_bytes(windows.read_bytes().replace(b"\n", b"\r\n"))
+    # Not sessions: a stray file and a name that is not an ID.
+    (workdir / ".sessions" / "notes.txt").write_text("x")
+    (workdir / ".sessions" / "not-an-id.jsonl").write_bytes(message_line({"role": "user", "content": "x"}))
+    # Known modification times: the listing shows them and orders by them.
+    stamps = {
+        long_file: 1_780_000_000,
+        torn: 1_780_000_600,
+        damaged: 1_780_001_200,
+        windows: 1_780_001_500,
+        real: 1_780_001_800,
+    }
+    for path, stamp in stamps.items():
+        os.utime(path, (stamp, stamp))
+    before = snapshot(workdir)
+
+    result = agent(None, workdir, "-list")
+    assert_ok(result)
+    out = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(out) == 5, result.stdout
+    assert [line.split()[0] for line in out] == [p.stem for p in stamps], result.stdout  # oldest first
+    assert snapshot(workdir) == before  # listing changes nothing
+
+    for path, stamp in stamps.items():
+        line = list_line(result.stdout, path.stem)
+        assert f"modified {datetime.fromtimestamp(stamp):%Y-%m-%d %H:%M}" in line, line
+
+    line = list_line(result.stdout, real_id)
+    created = datetime.fromisoformat(records(real)[0]["created_at"])
+    assert f"created {created:%Y-%m-%d %H:%M}" in line, line
+    assert count_of(line) == 3
+    assert "Read notes.txt and summarise it" in line, line  # whitespace and newlines collapsed
+    assert "torn" not in line and "damaged" not in line, line
+
+    line = list_line(result.stdout, "20260801-090720-56492195")
+    assert "created 2026-08-01 09:07" in line, line
+    assert count_of(line) == 3
+    prompt = line.split(" messages", 1)[1].strip()
+    assert 40 <= len(prompt) <= 50, prompt
+    assert long_prompt.startswith(prompt.rstrip("…. ")), prompt
+    assert "torn" not in line and "damaged" not in line, line
+
+    line = list_line(result.stdout, torn.stem)
+    assert "torn tail" in line and "damaged" not in line, line
+    assert count_of(line) == 3
+    assert "a torn one" in line
+
+    line = list_line(result.stdout, windows.stem)
+    assert count_of(line) == 3 and "written on Windows" in line, line
+    assert "torn" not in line and "damaged" not in line, line  # CRLF endings are not damage
+
+    line = list_line(result.stdout, damaged.stem)
+    assert "damaged lines" in line and "torn" not in line, line
+    assert count_of(line) == 3
+    assert "a damaged one" in line
+
+
+# Complete middle lines the loader skips as damaged (see test_sessions_inputs.py). -list must mark
+# each one, and count only the messages a resume would load.
+DAMAGED_LINES = {
+    "garbage": b"this line is not JSON",
+    "NUL run": b"\0" * 64,
+    "not UTF-8": b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}',
+    "unknown record": b'{"type": "title", "title": "my session"}',
+    "two records glued": message_line({"role": "user", "content": "glued"}).rstrip(b"\n")
+    + message_line({"role": "assistant", "content": "together"}).rstrip(b"\n"),
+    "message without a role": b'{"type": "message", "message": {"content": "who said this?"}}',
+    "message not an object": b'{"type": "message", "message": "just a string"}',
+}
+
+
+def damaged_sessions(workdir: Path) -> dict[str, str]:
+    """One session per kind of damaged line, each with 3 loadable messages; kind -> ID."""
+    ids = {}
+    for number, (kind, bad) in enumerate(DAMAGED_LINES.items()):
+        session_id = f"20260804-12000{number}-0000000{number}"
+        path = hand_written(workdir, session_id, f"prompt of {kind}")
+        lines = path.read_bytes().split(b"\n")
+        lines.insert(3, bad)  # between the user message and the answer
+        path.write_bytes(b"\n".join(lines))
+        ids[kind] = session_id
+    return ids
+
+
+def test_list_marks_every_kind_of_damaged_line(workdir: Path) -> None:
+    ids = damaged_sessions(workdir)
+    result = agent(None, workdir, "-list")
+    assert_ok(result)
+    unmarked = {kind: list_line(result.stdout, i) for kind, i in ids.items()}
+    unmarked = {kind: line for kind, line in unmarked.items() if "damaged lines" not in line}
+    assert not unmarked, "-list shows damaged sessions as healthy (a resume warns about them):\n" + "\n".join(
+        f"  {kind}: {line}" for kind, line in unmarked.items()
+    )
+    for kind, session_id in ids.items():
+        assert f"prompt of {kind}" in list_line(result.stdout, session_id)
+
+
+def test_list_counts_the_messages_a_resume_loads(workdir: Path) -> None:
+    ids = damaged_sessions(workdir)
+    result = agent(None, workdir, "-list")
+    assert_ok(result)
+    counts = {kind: count_of(list_line(result.stdout, i)) for kind, i in ids.items()}
+    assert counts == dict.fromkeys(ids, 3), (
+        "-list counts a damaged line as a message; resuming loads 3 messages from each of these sessions"
+    )
+
+
+def test_list_with_no_sessions_says_so(workdir: Path) -> None:
+    result = agent(None, workdir, "-list")
+    assert_ok(result)
+    assert result.stdout == ""
+    assert "no sessions" in result.stderr, result.stderr
+    assert not (workdir / ".sessions").exists()  # listing creates nothing
+
+    (workdir / ".sessions").mkdir()
+    (workdir / ".sessions" / "README").write_text("not a session")
+    result = agent(None, workdir, "--list")
+    assert_ok(result)
+    assert result.stdout == ""
+    assert "no sessions" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_shows_every_form(workdir: Path, flag: str) -> None:
+    result = agent(None, workdir, flag)
+    assert_ok(result)
+    usage = result.stdout
+    for form in ['"task"', "-c ID", "-c last", "-list", "-restore FILE", "-h"]:
+        assert form in usage, (form, usage)
+    assert list(workdir.iterdir()) == []
+
+
+def test_restore_still_works(provider: FakeProvider, workdir: Path) -> None:
+    notes = workdir / "notes.txt"
+    notes.write_text("version one\n", encoding="utf-8")
+    session_id, path = new_session(
+        provider,
+        workdir,
+        "Rewrite notes.txt",
+        tool_call("read_file", {"path": "notes.txt"}, call_id="call_r"),
+        tool_call("write_file", {"path": "notes.txt", "content": "version two\n"}, call_id="call_w"),
+        text("Rewritten."),
+    )
+    assert notes.read_text(encoding="utf-8") == "version two\n"
+    session_bytes = path.read_bytes()
+
+    result = agent(None, workdir, "-restore", "notes.txt")
+    assert_ok(result)
+    assert notes.read_text(encoding="utf-8") == "version one\n"
+    assert result.stdout.startswith("restored .trash/") and result.stdout.rstrip().endswith("-> notes.txt")
+    assert path.read_bytes() == session_bytes  # -restore is not a session run
+    assert len(list(path.parent.iterdir())) == 1
+    # The replaced version got its own backup: restoring again brings "version two" back.
+    result = agent(None, workdir, "--restore", "notes.txt")
+    assert_ok(result)
+    assert notes.read_text(encoding="utf-8") == "version two\n"
+
+
+# ---------------------------------------------------------------- guarantee 9: provider-aware replay
+
+
+def test_deepseek_thinking_mode_replays_reasoning_on_tool_call_turns(provider: FakeProvider, workdir: Path) -> None:
+    provider.thinking = True  # a tool-call turn without its reasoning_content gets HTTP 400
+    (workdir / "notes.txt").write_text("buy milk\n", encoding="utf-8")
+    session_id, path = new_session(
+        provider,
+        workdir,
+        TASK,
+        tool_call("read_file", {"path": "notes.txt"}, call_id="call_t", reasoning="I need the file."),
+        text("It says buy milk.", reasoning="Answer now."),
+    )
+    stored = stored_messages(path)
+    assert stored[2]["reasoning_content"] == "I need the file."
+    assert stored[4]["reasoning_content"] == "Answer now."  # stored as received, even where it is not sent
+
+    resume(provider, workdir, session_id, "more", text("Nothing more."))
+    sent = provider.chat_requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert sent[2] == stored[2]  # with reasoning_content: thinking mode requires it
+    assert sent[4] == {"role": "assistant", "content": "It says buy milk."}  # a plain answer's reasoning is not sent
+    assert "reasoning_content" not in json.dumps(sent[4])
+    assert stored_messages(path)[:5] == stored
+
+
+BOOK_ID = "20260801-090720-56492195"
+
+
+def book_file(workdir: Path) -> tuple[Path, list[dict]]:
+    """A session as the book's own edition writes it: compact JSON, no version, extra keys."""
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "我叫小明，记住这个名字"},
+        {"role": "assistant", "content": "好的，小明！我记住了。"},
+    ]
+    header = b'{"type":"meta","id":"20260801-090720-56492195","created_at":"2026-08-01T09:07:20.123456789+08:00"}\n'
+    sessions = workdir / ".sessions"
+    sessions.mkdir(mode=0o700)
+    path = sessions / f"{BOOK_ID}.jsonl"
+    body = b"".join(message_line(m, compact=True, created_at="0001-01-01T00:00:00Z") for m in messages)
+    assert b", " not in body and b'"created_at":"0001' in body
+    path.write_bytes(header + body)
+    return path, messages
+
+
+def test_a_file_written_by_the_book_loads(provider: FakeProvider, workdir: Path) -> None:
+    path, messages = book_file(workdir)
+    before = path.read_bytes()
+
+    result = agent(None, workdir, "-list")
+    assert_ok(result)
+    line = list_line(result.stdout, BOOK_ID)
+    assert "created 2026-08-01 09:07" in line, line
+    assert count_of(line) == 3
+    assert "我叫小明，记住这个名字" in line
+    assert "torn" not in line and "damaged" not in line, line
+
+    resumed, count = resume(provider, workdir, BOOK_ID, "我叫什么名字？", text("你叫小明。"))
+    assert (resumed, count) == (BOOK_ID, 3)
+    assert provider.chat_requests[-1]["messages"] == [*messages, {"role": "user", "content": "我叫什么名字？"}]
+    after = path.read_bytes()
+    assert after.startswith(before)
+    assert [json.loads(line)["message"] for line in after[len(before) :].splitlines()] == [
+        {"role": "user", "content": "我叫什么名字？"},
+        {"role": "assistant", "content": "你叫小明。"},
+    ]
+
+    result = agent(None, workdir, "-list")
+    assert count_of(list_line(result.stdout, BOOK_ID)) == 5
+
+
+# ---------------------------------------------------------------- in-process instruments
+
+
+@pytest.fixture
+def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
+    work = tmp_path / "inproc"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("MODEL", "test-model")
+    name = f"agent_under_test_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, AGENT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    assert module.WORKDIR == work
+    return module
+
+
+def thread_io() -> dict[str, int]:
+    """This thread's I/O counters: write() bytes (wchar) and calls (syscw)."""
+    text_ = Path("/proc/thread-self/io").read_text()
+    return {key: int(value) for key, value in (line.split(": ") for line in text_.splitlines())}
+
+
+def history(length: int) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(1, length):
+        role = "user" if i % 2 else "assistant"
+        messages.append({"role": role, "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 6})
+    return messages
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/io").exists(), reason="needs Linux /proc/thread-self/io")
+def test_save_writes_only_the_new_records_in_one_write(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guarantee 1: one write() of exactly the new lines, then fsync; the cost does not grow with the history."""
+    fsynced: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        fsynced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    written_per_size = {}
+    for length in (20, 3000):
+        session = loaded.create_session(history(length))
+        path = loaded.SESSIONS / f"{session.id}.jsonl"
+        try:
+            assert len(stored_messages(path)) == length
+            before = path.read_bytes()
+            new = [
+                {"role": "user", "content": "one more question — ünïcode\u2028too"},
+                {"role": "assistant", "content": "one more answer", "reasoning_content": "thinking"},
+            ]
+            session.history.extend(new)
+            fsynced.clear()
+            io_before = thread_io()
+            session.save()
+            io_after = thread_io()
+            after = path.read_bytes()
+
+            assert after.startswith(before)  # the header and every old record untouched
+            tail = after[len(before) :]
+            assert [json.loads(line) for line in tail.split(b"\n")[:-1]] == [
+                {"type": "message", "message": m} for m in new
+            ]
+            assert tail.count(b"\n") == 2 and tail.endswith(b"\n")
+            assert io_after["syscw"] - io_before["syscw"] == 1, "a save must be exactly one write()"
+            assert io_after["wchar"] - io_before["wchar"] == len(tail), "a save writes only the new records"
+            assert session.fd in fsynced
+            written_per_size[length] = io_after["wchar"] - io_before["wchar"]
+
+            # Nothing new: nothing written.
+            io_before = thread_io()
+            session.save()
+            assert thread_io()["syscw"] == io_before["syscw"]
+            assert path.read_bytes() == after
+        finally:
+            os.close(session.fd)
+    assert written_per_size[20] == written_per_size[3000]
+
+
+def test_creation_is_exclusive_private_and_durable_before_returning(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guarantee 2: O_CREAT|O_EXCL, 0600 in 0700; the file and then its directory fsynced before the ID exists."""
+    opened: list[tuple[str, int, int | None]] = []
+    fsynced: list[tuple[str, bytes | None]] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(path, flags, mode=0o777, *args, **kwargs):
+        opened.append((os.fspath(path), flags, mode))
+        return real_open(path, flags, mode, *args, **kwargs)
+
+    def spy_fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        content = Path(target).read_bytes() if Path(target).is_file() else None
+        fsynced.append((target, content))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    old_umask = os.umask(0)  # the modes must not rely on the umask
+    try:
+        session = loaded.create_session([{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}])
+    finally:
+        os.umask(old_umask)
+    monkeypatch.setattr(os, "open", real_open)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    try:
+        path = loaded.SESSIONS / f"{session.id}.jsonl"
+        assert ID_SHAPE.fullmatch(session.id)
+        assert stat.S_IMODE(loaded.SESSIONS.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+        created = [(flags, mode) for name, flags, mode in opened if name == str(path)]
+        assert len(created) == 1, opened
+        flags, mode = created[0]
+        assert flags & os.O_CREAT and flags & os.O_EXCL, "the session file must be created exclusively"
+        assert mode == 0o600
+
+        targets = [target for target, _ in fsynced]
+        assert str(path) in targets and str(loaded.SESSIONS) in targets, fsynced
+        assert targets.index(str(path)) < targets.index(str(loaded.SESSIONS)), "file first, then its directory"
+        on_disk_at_fsync = dict(fsynced)[str(path)]
+        assert on_disk_at_fsync == path.read_bytes()  # header and first messages complete when fsynced
+        assert json.loads(on_disk_at_fsync.split(b"\n")[0])["id"] == session.id
+    finally:
+        os.close(session.fd)
+
+
+def test_creation_never_reuses_an_existing_file(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """O_EXCL observed: if the chosen name exists, the old file is left alone and the creation fails cleanly."""
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: "0badcafe")
+    loaded.SESSIONS.mkdir(mode=0o700)
+    now = datetime.now()
+    decoys = []
+    for second in range(-2, 30):  # every name the next half minute could produce
+        name = f"{now + timedelta(seconds=second):%Y%m%d-%H%M%S}-0badcafe.jsonl"
+        decoy = loaded.SESSIONS / name
+        decoy.write_bytes(b"precious bytes\n")
+        decoys.append(decoy)
+    with pytest.raises(loaded.SessionError) as caught:
+        loaded.create_session([{"role": "user", "content": "hi"}])
+    assert "\n" not in str(caught.value)
+    assert all(d.read_bytes() == b"precious bytes\n" for d in decoys)
+    assert len(list(loaded.SESSIONS.iterdir())) == len(decoys)

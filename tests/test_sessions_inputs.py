@@ -1,0 +1,809 @@
+"""Sessions: a table of bad and odd inputs (chapter 11, agent.py).
+
+Bad inputs are errors: one `error:` line on stderr, exit 1, no traceback,
+nothing changed on disk, no request to the provider. Odd files must load
+(guarantees 4, 5, 7 and 10): the resume succeeds, the history sent passes the
+fake provider's DeepSeek sequence validation (on by default: a 400 would fail
+the run), and the file only grows by the new records.
+
+The real agent.py runs as a subprocess against the fake provider; one
+exhaustive check of the in-memory repair loads agent.py in-process, with
+end-to-end samples of the same cases below it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import hermetic_env, program
+from fake_provider import FakeProvider, sequence_error, text, tool_call
+
+AGENT = program("final")
+ID = "20260801-090720-56492195"
+OTHER_ID = "20260802-101010-0badf00d"
+RESUMED = re.compile(r"^\[resumed session (\S+), (\d+) messages\]$")
+NOBODY = 65534
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+USER = {"role": "user", "content": "My name is Xiaoming; remember it"}
+ANSWER = {"role": "assistant", "content": "Hello, Xiaoming!"}
+FOLLOW_UP = "What is my name?"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def agent(
+    provider: FakeProvider | None,
+    workdir: Path,
+    *args: str,
+    python: str = sys.executable,
+    timeout: float = 120,
+    **options,
+) -> subprocess.CompletedProcess:
+    """Run agent.py to completion; options go to subprocess.run (user=, preexec_fn=, ...)."""
+    env = hermetic_env(provider, workdir.parent, **options.pop("env", {}))
+    return subprocess.run(
+        [python, str(AGENT), *args],
+        cwd=workdir,
+        env=env,
+        input="",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        timeout=timeout,
+        umask=0o022,
+        **options,
+    )
+
+
+def header(session_id: str = ID) -> bytes:
+    meta = {"type": "meta", "id": session_id, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
+    return json.dumps(meta).encode() + b"\n"
+
+
+def line(message: dict) -> bytes:
+    return json.dumps({"type": "message", "message": message}, ensure_ascii=False).encode() + b"\n"
+
+
+def session_bytes(*messages: dict, session_id: str = ID) -> bytes:
+    return header(session_id) + b"".join(line(m) for m in messages)
+
+
+def put(workdir: Path, data: bytes, session_id: str = ID) -> Path:
+    sessions = workdir / ".sessions"
+    sessions.mkdir(mode=0o700, exist_ok=True)
+    path = sessions / f"{session_id}.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int, bytes | None]]:
+    """Every path under root: kind, mode and bytes, to prove that nothing changed."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if path.is_symlink():
+            out[str(path.relative_to(root))] = ("link", info.st_mode, os.readlink(path).encode())
+        elif path.is_dir():
+            out[str(path.relative_to(root))] = ("dir", info.st_mode, None)
+        else:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                data = None
+            out[str(path.relative_to(root))] = ("file", info.st_mode, data)
+    return out
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """A clean failure: exit 1, no traceback, and stderr is exactly one line, `error: ...`."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [text_ for text_ in result.stderr.splitlines() if text_.startswith("error:")]
+
+
+def resumed(result: subprocess.CompletedProcess) -> tuple[str, int]:
+    found = [RESUMED.match(text_) for text_ in result.stderr.splitlines()]
+    found = [m for m in found if m]
+    assert len(found) == 1, result.stderr
+    return found[0].group(1), int(found[0].group(2))
+
+
+def warnings(result: subprocess.CompletedProcess) -> list[str]:
+    return [text_ for text_ in result.stderr.splitlines() if text_.startswith("warning:")]
+
+
+def appended(before: bytes, after: bytes) -> list[dict]:
+    """The records added after the old bytes, which must be untouched."""
+    assert after[: len(before)] == before, "the old bytes of the session changed"
+    tail = after[len(before) :]
+    assert tail.endswith(b"\n"), tail[-200:]
+    return [json.loads(text_) for text_ in tail.split(b"\n")[:-1]]
+
+
+def new_records(task: str, answer: str) -> list[dict]:
+    return [
+        {"type": "message", "message": {"role": "user", "content": task}},
+        {"type": "message", "message": {"role": "assistant", "content": answer}},
+    ]
+
+
+# ---------------------------------------------------------------- bad input: clean errors
+
+
+def two_sessions(workdir: Path) -> None:
+    put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    put(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
+
+
+def jsonl_is_a_directory(workdir: Path) -> None:
+    two_sessions(workdir)
+    (workdir / ".sessions" / "20260803-111111-deadbeef.jsonl").mkdir()
+
+
+def sessions_is_a_file(workdir: Path) -> None:
+    (workdir / ".sessions").write_text("I am not a directory\n")
+
+
+def sessions_is_a_dangling_link(workdir: Path) -> None:
+    (workdir / ".sessions").symlink_to(workdir / "gone" / "away")
+
+
+def no_sessions(workdir: Path) -> None:
+    (workdir / ".sessions").mkdir(mode=0o700)
+
+
+# (name, setup, arguments, words the error line must contain)
+ERRORS = [
+    ("unknown ID", two_sessions, ["-c", "20261231-235959-00000000", "hi"], ["20261231-235959-00000000"]),
+    ("unknown prefix", two_sessions, ["-c", "2027", "hi"], ["2027"]),
+    ("last without sessions", no_sessions, ["-c", "last", "hi"], []),
+    ("last without .sessions", lambda w: None, ["-c", "last", "hi"], []),
+    ("dot-dot", two_sessions, ["-c", "../x", "hi"], []),
+    ("dot-dot to a real file", two_sessions, ["-c", f"../.sessions/{ID}", "hi"], []),
+    ("slash", two_sessions, ["-c", "a/b", "hi"], []),
+    ("absolute path", two_sessions, ["-c", "/etc/passwd", "hi"], []),
+    ("ID with .jsonl", two_sessions, ["-c", f"{ID}.jsonl", "hi"], []),
+    ("ID with a newline", two_sessions, ["-c", f"{ID}\n", "hi"], []),
+    ("uppercase hex", two_sessions, ["-c", ID.upper().replace("56492195", "5649219A"), "hi"], []),
+    ("empty ID", two_sessions, ["-c", "", "hi"], []),
+    ("300-character ID", two_sessions, ["-c", "7" * 300, "hi"], []),
+    ("jsonl is a directory", jsonl_is_a_directory, ["-c", "20260803-111111-deadbeef", "hi"], ["20260803-111111"]),
+    (".sessions is a file, -c", sessions_is_a_file, ["-c", ID, "hi"], [".sessions"]),
+    (".sessions is a file, -list", sessions_is_a_file, ["-list"], [".sessions"]),
+    (".sessions is a file, new session", sessions_is_a_file, ["a new task"], [".sessions"]),
+    (".sessions is a dangling link, new session", sessions_is_a_dangling_link, ["a new task"], [".sessions"]),
+]
+
+
+@pytest.mark.parametrize(("setup", "args", "needles"), [case[1:] for case in ERRORS], ids=[c[0] for c in ERRORS])
+def test_bad_input_is_one_clean_error(
+    provider: FakeProvider, workdir: Path, setup: Callable[[Path], None], args: list[str], needles: list[str]
+) -> None:
+    setup(workdir)
+    (workdir / "notes.txt").write_text("a file of the project\n")
+    before = snapshot(workdir)
+    result = agent(provider, workdir, *args)
+    assert_one_error_line(result, *needles)
+    assert len(result.stderr) < 300, result.stderr  # one readable line, not the input echoed back
+    assert result.stdout == ""
+    assert snapshot(workdir) == before
+    assert provider.requests == []
+    assert not (workdir.parent / "x").exists() and not (workdir / "a").exists()
+
+
+USAGE_ERRORS = [
+    ("-c without an ID", ["-c"]),
+    ("-c ID without a follow-up", ["-c", ID]),
+    ("-c ID with a blank follow-up", ["-c", ID, "   "]),
+    ("--continue without an ID", ["--continue"]),
+]
+
+
+@pytest.mark.parametrize("args", [case[1] for case in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
+def test_incomplete_command_line_prints_usage(provider: FakeProvider, workdir: Path, args: list[str]) -> None:
+    two_sessions(workdir)
+    before = snapshot(workdir)
+    result = agent(provider, workdir, *args)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    # One `error: usage: ...` line, or (the allowed exception) a usage block.
+    lines = result.stderr.splitlines()
+    one_line = len(lines) == 1 and lines[0].startswith("error:") and "usage" in lines[0]
+    assert one_line or result.stderr.startswith("usage:"), result.stderr
+    assert "-c ID" in result.stderr, result.stderr
+    assert result.stdout == ""
+    assert snapshot(workdir) == before
+    assert provider.requests == []
+
+
+# ---------------------------------------------------------------- permissions: run as an unprivileged user
+
+
+def venv_site_packages() -> str:
+    import dotenv
+
+    return str(Path(dotenv.__file__).resolve().parent.parent)
+
+
+def unprivileged_python() -> str | None:
+    """An interpreter uid 65534 can run that finds this environment's packages, or None."""
+    candidates = [
+        sys.executable,
+        shutil.which("python3"),
+        f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
+    ]
+    check = f"import sys, dotenv; assert sys.version_info[:2] == {tuple(sys.version_info[:2])}"
+    for python in dict.fromkeys(c for c in candidates if c):
+        try:
+            probe = subprocess.run(
+                [python, "-c", check],
+                cwd="/",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": venv_site_packages()},
+                user=NOBODY,
+                group=NOBODY,
+                extra_groups=[],
+                capture_output=True,
+                timeout=60,
+            )
+        except OSError:
+            continue
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+@pytest.fixture
+def restricted():
+    """(workdir, run): a working directory and a runner for which permissions really apply.
+
+    As an ordinary user, chmod is enough. As root (CI), chmod 000 does not stop
+    reads, so the agent runs as uid 65534 in a workdir that user can reach.
+    """
+    if os.geteuid() != 0:
+        base = Path(tempfile.mkdtemp(prefix="agent-perm-"))
+        work = base / "work"
+        work.mkdir()
+
+        def run(provider, *args):
+            return agent(provider, work, *args)
+
+        try:
+            yield work, run, None
+        finally:
+            for path in [base, *base.rglob("*")]:
+                if not path.is_symlink():
+                    path.chmod(0o700)
+            shutil.rmtree(base)
+        return
+    python = unprivileged_python()
+    if python is None:
+        pytest.skip(
+            "running as root, where chmod 000 does not stop reads, and uid 65534 cannot run a Python "
+            "that imports this environment's packages"
+        )
+    base = Path(tempfile.mkdtemp(prefix="agent-perm-"))
+    base.chmod(0o755)
+    work = base / "work"
+    work.mkdir()
+    os.chown(work, NOBODY, NOBODY)
+
+    def run(provider, *args):
+        return agent(
+            provider,
+            work,
+            *args,
+            python=python,
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=[],
+            env={"PYTHONPATH": venv_site_packages()},
+        )
+
+    try:
+        yield work, run, NOBODY
+    finally:
+        shutil.rmtree(base)
+
+
+def give(path: Path, owner: int | None) -> None:
+    if owner is not None:
+        os.chown(path, owner, owner)
+
+
+def test_unreadable_session_file(provider: FakeProvider, restricted) -> None:
+    workdir, run, owner = restricted
+    sessions = workdir / ".sessions"
+    sessions.mkdir(mode=0o700)
+    give(sessions, owner)
+    locked = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    readable = put(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
+    for path in (locked, readable):
+        give(path, owner)
+    locked.chmod(0o000)
+    before = snapshot(workdir)
+
+    result = run(provider, "-c", ID, FOLLOW_UP)
+    assert_one_error_line(result, ID)
+    assert snapshot(workdir) == before
+    assert provider.requests == []
+
+    # -list still lists both: the unreadable one says so instead of failing.
+    result = run(None, "-list")
+    assert_ok(result)
+    listed = result.stdout.splitlines()
+    assert len(listed) == 2, result.stdout
+    assert any(text_.startswith(ID) and "unreadable" in text_ for text_ in listed), result.stdout
+    assert any(text_.startswith(OTHER_ID) and " 3 messages" in text_ for text_ in listed), result.stdout
+    assert snapshot(workdir) == before
+
+
+def test_sessions_directory_cannot_be_created(provider: FakeProvider, restricted) -> None:
+    workdir, run, owner = restricted
+    if owner is not None:
+        os.chown(workdir, 0, 0)  # the unprivileged user may not create anything here
+    workdir.chmod(0o555)
+    before = snapshot(workdir)
+    result = run(provider, "a new task")
+    assert_one_error_line(result, ".sessions")
+    assert snapshot(workdir) == before
+    assert provider.requests == []
+
+
+# ---------------------------------------------------------------- full disk on save
+
+
+def file_size_limit(limit: int) -> Callable[[], None]:
+    """preexec_fn: a file may not grow past `limit` bytes. Python ignores SIGXFSZ, so write() fails with EFBIG."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_full_disk_when_saving_the_follow_up(provider: FakeProvider, workdir: Path) -> None:
+    path = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    before = path.read_bytes()
+    provider.script(text("never asked"))
+    result = agent(provider, workdir, "-c", ID, FOLLOW_UP, preexec_fn=file_size_limit(len(before) + 20))
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(error_lines(result)) == 1, result.stderr
+    assert error_lines(result)[0].startswith("error: cannot save session"), result.stderr
+    assert provider.requests == []  # nothing is asked before the question is on disk
+    assert path.read_bytes() == before  # the partial record was taken back
+
+    provider.replies.clear()
+    provider.script(text("Your name is Xiaoming."))
+    result = agent(provider, workdir, "-c", ID, FOLLOW_UP)
+    assert_ok(result)
+    assert resumed(result) == (ID, 3)
+    assert warnings(result) == []
+    assert appended(before, path.read_bytes()) == new_records(FOLLOW_UP, "Your name is Xiaoming.")
+
+
+def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path) -> None:
+    (workdir / "big.txt").write_text("x" * 10_000)
+    path = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    before = path.read_bytes()
+    user_record = line({"role": "user", "content": "Read big.txt"})
+    provider.script(tool_call("read_file", {"path": "big.txt"}, call_id="call_big"), text("never asked"))
+    # Room for the question, not for the round with the 10 KB tool result.
+    limit = file_size_limit(len(before) + len(user_record) + 2000)
+    result = agent(provider, workdir, "-c", ID, "Read big.txt", preexec_fn=limit)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(error_lines(result)) == 1, result.stderr
+    assert "cannot save session" in error_lines(result)[0], result.stderr
+    hint = f"[session {ID} — continue with: -c {ID}]"
+    assert result.stderr.splitlines()[-1] == hint, result.stderr  # the rounds before it are safe: say how to go on
+    assert len(provider.chat_requests) == 1
+    # The question is on disk; the round that could not be written is not, not even in part.
+    assert path.read_bytes() == before + user_record
+
+    provider.replies.clear()
+    provider.script(text("It is ten thousand x."))
+    result = agent(provider, workdir, "-c", ID, "Try again")
+    assert_ok(result)
+    assert resumed(result) == (ID, 4)
+    assert warnings(result) == []
+    assert provider.chat_requests[-1]["messages"][1:] == [
+        USER,
+        ANSWER,
+        {"role": "user", "content": "Read big.txt"},
+        {"role": "user", "content": "Try again"},
+    ]
+
+
+def test_full_disk_for_a_new_session(provider: FakeProvider, workdir: Path) -> None:
+    provider.script(text("never asked"))
+    result = agent(provider, workdir, "a new task", preexec_fn=file_size_limit(100))
+    assert_one_error_line(result)
+    assert provider.requests == []
+    assert list((workdir / ".sessions").glob("*")) == []  # no empty or half-written session left behind
+
+
+# ---------------------------------------------------------------- odd files that must load
+
+
+def crlf(data: bytes) -> bytes:
+    return data.replace(b"\n", b"\r\n")
+
+
+BIG = "0123456789abcdef" * (20 * 1024 * 1024 // 16)  # a 20 MB tool result is legal
+SEPARATORS = {"role": "user", "content": "line\u2028separator and\u2029paragraph, still one message"}
+NON_UTF8 = b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}'
+GLUED = line({"role": "user", "content": "glued"}).rstrip(b"\n") + line({"role": "assistant", "content": "x"})
+
+# name -> (file bytes, messages the loader must keep, damaged line numbers it must name)
+ODD = {
+    "empty file": (b"", [], []),
+    "header only": (header(), [], []),
+    "no header": (b"".join(line(m) for m in (SYSTEM, USER, ANSWER)), [SYSTEM, USER, ANSWER], []),
+    "bad JSON in the middle": (
+        session_bytes(SYSTEM, USER) + b'{"type": "message", "message": {"role": "assistant", "cont\n' + line(ANSWER),
+        [SYSTEM, USER, ANSWER],
+        [4],
+    ),
+    "non-UTF-8 line": (session_bytes(SYSTEM, USER) + NON_UTF8 + b"\n" + line(ANSWER), [SYSTEM, USER, ANSWER], [4]),
+    "NUL run line": (
+        session_bytes(SYSTEM) + b"\0" * 4096 + b"\n" + line(USER) + line(ANSWER),
+        [SYSTEM, USER, ANSWER],
+        [3],
+    ),
+    "unknown record type": (
+        session_bytes(SYSTEM, USER) + b'{"type": "title", "title": "names"}\n' + line(ANSWER),
+        [SYSTEM, USER, ANSWER],
+        [4],
+    ),
+    "two records glued": (session_bytes(SYSTEM, USER) + GLUED + line(ANSWER), [SYSTEM, USER, ANSWER], [4]),
+    "two damaged lines": (
+        session_bytes(SYSTEM) + b"garbage\n" + line(USER) + b"\0\0\0\n" + line(ANSWER),
+        [SYSTEM, USER, ANSWER],
+        [3, 5],
+    ),
+    "CRLF line endings": (crlf(session_bytes(SYSTEM, USER, ANSWER)), [SYSTEM, USER, ANSWER], []),
+    "U+2028 and U+2029 in content": (session_bytes(SYSTEM, SEPARATORS, ANSWER), [SYSTEM, SEPARATORS, ANSWER], []),
+    "20 MB message": (
+        session_bytes(SYSTEM, USER, {"role": "assistant", "content": BIG}),
+        [SYSTEM, USER, {"role": "assistant", "content": BIG}],
+        [],
+    ),
+}
+
+
+KEEPS_WORKING = {"empty file", "header only", "no header", "two damaged lines", "CRLF line endings"}
+
+
+@pytest.mark.parametrize("case", list(ODD))
+def test_odd_file_loads(provider: FakeProvider, workdir: Path, case: str) -> None:
+    data, kept, damaged = ODD[case]
+    if case == "U+2028 and U+2029 in content":
+        assert "\u2028".encode() in data and b"\\u2028" not in data  # raw in the file, where splitlines() would split
+    path = put(workdir, data)
+    provider.script(text("Your name is Xiaoming."))
+    result = agent(provider, workdir, "-c", ID, FOLLOW_UP, timeout=180)
+    assert_ok(result)
+    assert resumed(result) == (ID, len(kept))
+
+    # Damage is reported by line number, once; undamaged files get no warning at all.
+    if damaged:
+        assert len(warnings(result)) == 1, result.stderr
+        numbers = [int(n) for n in re.findall(r"\b(\d+)\b", warnings(result)[0].split(ID)[0])]
+        assert numbers == damaged, result.stderr
+    else:
+        assert warnings(result) == [], result.stderr
+
+    # The valid history went out, intact, followed by the new question.
+    sent = provider.chat_requests[0]["messages"]
+    if kept:
+        assert sent == [*kept, {"role": "user", "content": FOLLOW_UP}]
+    else:
+        assert [m["role"] for m in sent] == ["system", "user"] and sent[1]["content"] == FOLLOW_UP
+
+    # On disk: the old bytes untouched (damaged lines included), then the new records.
+    after = path.read_bytes()
+    if not data:
+        meta = json.loads(after.split(b"\n", 1)[0])
+        assert meta["type"] == "meta" and meta["id"] == ID, after[:300]
+        data = after.split(b"\n", 1)[0] + b"\n"
+    assert appended(data, after) == new_records(FOLLOW_UP, "Your name is Xiaoming.")
+
+    # And it keeps working where the first append had something to get right: the next resume
+    # sees the new messages too, with the same warning.
+    if case not in KEEPS_WORKING:
+        return
+    provider.script(text("Still Xiaoming."))
+    result = agent(provider, workdir, "-c", ID, "Again?", timeout=180)
+    assert_ok(result)
+    assert resumed(result) == (ID, len(kept) + 2)
+    assert len(warnings(result)) == (1 if damaged else 0), result.stderr
+
+
+def test_u2028_round_trip_through_a_new_session(provider: FakeProvider, workdir: Path) -> None:
+    task = "first\u2028second\u2029third\r\nfourth \\u2028 literal"
+    provider.script(text("a\u2028b"), text("done"))
+    result = agent(provider, workdir, task)
+    assert_ok(result)
+    session_id = re.match(r"\[new session (\S+)\]", result.stderr).group(1)
+    result = agent(provider, workdir, "-c", session_id, "next")
+    assert_ok(result)
+    assert resumed(result) == (session_id, 3)
+    assert warnings(result) == []
+    sent = provider.chat_requests[-1]["messages"]
+    assert sent[1:] == [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": "a\u2028b"},
+        {"role": "user", "content": "next"},
+    ]
+
+
+# ---------------------------------------------------------------- guarantee 5: always a valid conversation
+
+
+def call(call_id: str, name: str = "read_file", arguments: str = '{"path": "a.txt"}') -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calling(*ids: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [call(i) for i in ids]}
+
+
+def result_of(call_id: str, content: str = "alpha") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+LATER = {"role": "user", "content": "never mind, something else"}
+LATER_ANSWER = {"role": "assistant", "content": "Sure."}
+
+# name -> (messages in the file, what must be sent; SYNTHETIC marks a made-up result for that call)
+SYNTHETIC = "synthetic"
+REPAIRS = {
+    "call without results, then a user message": (
+        [SYSTEM, USER, calling("c1"), LATER, LATER_ANSWER],
+        [SYSTEM, USER, calling("c1"), (SYNTHETIC, "c1"), LATER, LATER_ANSWER],
+    ),
+    "call without results at the end": (
+        [SYSTEM, USER, calling("c1")],
+        [SYSTEM, USER, calling("c1"), (SYNTHETIC, "c1")],
+    ),
+    "one of two parallel calls answered": (
+        [SYSTEM, USER, calling("c1", "c2"), result_of("c2"), LATER, LATER_ANSWER],
+        [SYSTEM, USER, calling("c1", "c2"), result_of("c2"), (SYNTHETIC, "c1"), LATER, LATER_ANSWER],
+    ),
+    "orphan tool message": (
+        [SYSTEM, USER, result_of("ghost"), ANSWER],
+        [SYSTEM, USER, ANSWER],
+    ),
+    "duplicate tool result": (
+        [SYSTEM, USER, calling("c1"), result_of("c1"), result_of("c1", "again"), ANSWER],
+        [SYSTEM, USER, calling("c1"), result_of("c1"), ANSWER],
+    ),
+    "result after an intervening user message": (
+        [SYSTEM, USER, calling("c1"), LATER, result_of("c1"), LATER_ANSWER],
+        [SYSTEM, USER, calling("c1"), (SYNTHETIC, "c1"), LATER, LATER_ANSWER],
+    ),
+}
+
+
+def assert_repaired(sent: list[dict], expected: list) -> None:
+    assert len(sent) == len(expected), json.dumps(sent, indent=1)
+    for got, want in zip(sent, expected, strict=True):
+        if isinstance(want, tuple):
+            assert got["role"] == "tool" and got["tool_call_id"] == want[1], got
+            assert isinstance(got["content"], str) and got["content"].startswith("error:"), got
+        else:
+            assert got == want
+
+
+@pytest.mark.parametrize("case", list(REPAIRS))
+def test_broken_tool_sequences_are_repaired_in_memory(provider: FakeProvider, workdir: Path, case: str) -> None:
+    stored, expected = REPAIRS[case]
+    path = put(workdir, session_bytes(*stored))
+    before = path.read_bytes()
+    provider.script(text("Done."))
+    result = agent(provider, workdir, "-c", ID, FOLLOW_UP)
+    assert_ok(result)  # the fake provider answers 400 to an invalid sequence
+    assert resumed(result) == (ID, len(stored))
+    sent = provider.chat_requests[0]["messages"]
+    assert sequence_error(sent) is None
+    assert sent[-1] == {"role": "user", "content": FOLLOW_UP}
+    assert_repaired(sent[:-1], expected)
+    # The repair lives in the request only: the file just gained the new records.
+    assert appended(before, path.read_bytes()) == new_records(FOLLOW_UP, "Done.")
+
+
+@pytest.fixture
+def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
+    work = tmp_path / "inproc"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key-not-real")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("MODEL", "test-model")
+    name = f"agent_under_test_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, AGENT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_short_history_becomes_a_valid_request(loaded) -> None:
+    """Exhaustive over every history of up to 5 messages from an alphabet of normal and broken pieces:
+    the request always passes DeepSeek's checks (thinking mode too), keeps every non-tool message in
+    order, keeps each first real answer to a pending call, and invents a result only for unanswered calls."""
+    thought = {"reasoning_content": "thinking..."}
+    alphabet = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "plain", **thought},
+        {"role": "assistant", "content": None, "tool_calls": [call("a")], **thought},
+        {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")], **thought},
+        {"role": "assistant", "content": "", "tool_calls": []},
+        result_of("a"),
+        result_of("b"),
+        result_of("zzz"),
+    ]
+    checked = 0
+    for length in range(6):
+        for combination in itertools.product(alphabet, repeat=length):
+            history = [SYSTEM, *(dict(m) for m in combination)]
+            sent = loaded.sendable(history)
+            problem = sequence_error(sent, thinking=True)
+            assert problem is None, (problem, history, sent)
+
+            # The reference: which tool messages answer a call still pending, how many calls go unanswered.
+            kept_tools, unanswered, pending = [], 0, []
+            for message in history:
+                if message["role"] == "tool":
+                    if message["tool_call_id"] in pending:
+                        pending.remove(message["tool_call_id"])
+                        kept_tools.append(message)
+                    continue
+                unanswered += len(pending)
+                pending = [c["id"] for c in message.get("tool_calls") or []]
+            unanswered += len(pending)
+
+            def stripped(message: dict) -> dict:
+                if message["role"] != "assistant":
+                    return message
+                out = dict(message)
+                if not out.get("tool_calls"):
+                    out.pop("tool_calls", None)
+                    out.pop("reasoning_content", None)
+                return out
+
+            assert [m for m in sent if m["role"] != "tool"] == [stripped(m) for m in history if m["role"] != "tool"]
+            real = [m for m in sent if m["role"] == "tool" and m in kept_tools]
+            made_up = [m for m in sent if m["role"] == "tool" and m not in kept_tools]
+            assert real == kept_tools, (history, sent)
+            assert len(made_up) == unanswered, (history, sent)
+            assert all(m["content"].startswith("error:") for m in made_up), sent
+            assert history == [SYSTEM, *combination]  # the repair does not touch the loaded history
+            checked += 1
+    assert checked == sum(len(alphabet) ** n for n in range(6))
+
+
+def test_parse_keeps_valid_records_around_every_kind_of_damage(loaded) -> None:
+    """In-process, every damaged-line kind at every position of a 5-message file (end to end samples above)."""
+    messages = [SYSTEM, USER, ANSWER, {"role": "user", "content": "more"}, {"role": "assistant", "content": "ok"}]
+    bad_lines = [
+        b"garbage",
+        b"\0" * 100,
+        NON_UTF8,
+        b'{"type": "title", "title": "t"}',
+        GLUED.rstrip(b"\n"),
+        b'{"type": "message", "message": {"content": "no role"}}',
+        b'{"type": "message", "message": "a string"}',
+        b'{"type": "message", "message": {"role": "wizard", "content": "x"}}',
+        b'{"type": "message", "message": {"role": "assistant", "tool_calls": [{"no": "id"}]}}',
+        b"[1, 2, 3]",
+        b'"just a string"',
+        b'{"type": "meta", "id": "late header"}',
+    ]
+    for bad in bad_lines:
+        for position in range(1, len(messages) + 1):
+            lines = [line(m) for m in messages]
+            lines.insert(position, bad + b"\n")
+            data = header() + b"".join(lines)
+            for variant in (data, crlf(data)):
+                parsed, damaged, complete = loaded.parse_session(variant)
+                assert parsed == messages, (bad, position)
+                assert damaged == [position + 2], (bad, position, damaged)
+                assert complete == len(variant)
+
+
+AUDIT: list[tuple[str, tuple]] | None = None  # filesystem events while a check is running
+
+
+def _audit(event: str, args: tuple) -> None:
+    if AUDIT is not None and (event == "open" or event.startswith(("os.", "shutil."))):
+        AUDIT.append((event, args))
+
+
+sys.addaudithook(_audit)  # audit hooks cannot be removed: this one records only while AUDIT is a list
+
+MALFORMED_IDS = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "a/b",
+    "/etc/passwd",
+    f"../.sessions/{ID}",
+    f"{ID}.jsonl",
+    f"{ID}\n",
+    f" {ID}",
+    f"{ID}/",
+    ID.upper().replace("56492195", "5649219A"),
+    f"{ID}0",  # 25 characters: longer than any ID
+    "7" * 300,
+    "LAST",
+    "last/..",
+    "~",
+    "*",
+    "2026080?",
+    "\0",
+    f"{ID}\0",
+    "20260801_090720_56492195",
+    "２０２６",  # full-width digits: \d would accept them, an ID must not
+]
+
+
+@pytest.mark.parametrize("wanted", MALFORMED_IDS, ids=[repr(w)[:40] for w in MALFORMED_IDS])
+def test_a_malformed_id_never_reaches_the_filesystem(loaded, wanted: str) -> None:
+    """Guarantee 7, instrumented: a malformed ID is refused before any open, listing or stat-by-name."""
+    global AUDIT
+    put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
+    AUDIT = []
+    try:
+        with pytest.raises(loaded.SessionError) as caught:
+            loaded.open_session(wanted)
+        events = AUDIT
+    finally:
+        AUDIT = None
+    assert events == [], events
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200, str(caught.value)
+
+
+def test_a_well_formed_unknown_id_only_lists_the_directory(loaded) -> None:
+    global AUDIT
+    put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
+    AUDIT = []
+    try:
+        with pytest.raises(loaded.SessionError):
+            loaded.open_session("20261231-235959-00000000")
+        events = AUDIT
+    finally:
+        AUDIT = None
+    assert [event for event, _ in events] == ["os.listdir"], events
