@@ -508,7 +508,9 @@ def find_session(wanted: str) -> str:
     if wanted == "last":
         if not sessions:
             raise SessionError(f"there is no session in {SESSIONS.name}/ to continue yet")
-        return max(sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
+        # An empty file is a session whose creation was cut short: never "active".
+        started = [session_id for session_id in sessions if sessions[session_id].stat().st_size]
+        return max(started or sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
     matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
     if len(matches) > 1:
         raise SessionError(f"{wanted} matches {len(matches)} sessions; give more of the ID")
@@ -713,7 +715,8 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
                     call["function"]["arguments"] += piece.function.arguments or ""
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
-        raise TurnFailed(describe(error)) from None
+        if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
+            raise TurnFailed(describe(error)) from None
     finally:
         if text:
             print(flush=True)  # end the text's line, complete or not

@@ -89,8 +89,9 @@ def main() -> None:
                 print(choice.delta.content, end="", flush=True)
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
-        print(flush=True)  # end the half-printed answer before the error line
-        die(describe(error))
+        if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
+            print(flush=True)  # end the half-printed answer before the error line
+            die(describe(error))
     print()
     # A stream can simply stop (a proxy, a crash): no finish_reason means
     # the answer is incomplete, and that is a failure, not a success.

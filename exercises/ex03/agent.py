@@ -91,7 +91,8 @@ def stream_reply(client: openai.OpenAI, history: list[dict]) -> tuple[str, str, 
                 text += choice.delta.content
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
-        raise TurnFailed(describe(error)) from None
+        if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
+            raise TurnFailed(describe(error)) from None
     finally:
         if text:
             print(flush=True)  # end the answer's line, complete or not

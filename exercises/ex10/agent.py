@@ -433,7 +433,8 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
                     call["function"]["arguments"] += piece.function.arguments or ""
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
-        raise TurnFailed(describe(error)) from None
+        if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
+            raise TurnFailed(describe(error)) from None
     finally:
         if text:
             print(flush=True)  # end the text's line, complete or not
