@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import re
-import secrets
 import selectors
 import signal
 import subprocess
@@ -466,7 +465,7 @@ def create_session(first_messages: list[dict]) -> Session:
     """A new file, created exclusively, private, with its header on disk before anyone sees the ID."""
     try:
         SESSIONS.mkdir(mode=0o700, exist_ok=True)  # sessions hold prompts and file contents: private
-        session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+        session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
         path = SESSIONS / f"{session_id}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError as error:
@@ -639,7 +638,7 @@ def summary(path: Path) -> str:
         data = path.read_bytes()
     except OSError as error:
         return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
-    body = data[: data.rfind(b"\n") + 1]  # the complete lines; anything after them is a torn tail
+    body = data if data.endswith(b"\n") else data[: data.rfind(b"\n") + 1]  # after the last newline: a torn tail
     count, damaged = count_messages(body)
     damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
     created, prompt = "?", ""

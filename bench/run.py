@@ -1,0 +1,506 @@
+"""The benchmarks behind the README's figures: `python bench/run.py`.
+
+Every figure is a ratio or a bound measured in this one run, against the
+tests' fake provider on 127.0.0.1, so the speed of the machine cancels out.
+The table goes to stdout (Markdown); progress goes to stderr. Temporary files
+live in one temporary directory, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+AGENT = ROOT / "agent.py"
+PYTHON = sys.executable
+sys.path.insert(0, str(BENCH))
+sys.dont_write_bytecode = True  # leave no __pycache__ in bench/ or tests/
+
+import workload  # noqa: E402  (bench/ must be on the path first)
+from timed_provider import TimedProvider, text, tool_call  # noqa: E402
+
+MB = 1024 * 1024
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def agent_env(home: Path, url: str = "http://127.0.0.1:9/v1") -> dict[str, str]:
+    """Hermetic, like the tests: no real key, no .env, no proxy, the fake provider's URL."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OPENAI_API_KEY": "test-key-not-real",
+        "OPENAI_BASE_URL": url,
+        "MODEL": "test-model",
+    }
+
+
+# ---- running a child: wall time, peak memory (wait4's ru_maxrss), output ----
+
+
+@dataclass
+class Run:
+    seconds: float  # from just before the start to the exit (or to the first byte on stdout)
+    maxrss: int  # peak RSS in bytes, when run with memory=True (else 0)
+    cpu: float  # user + system seconds of the process (and of any children it waited for)
+    code: int
+    stdout: bytes
+    stderr: bytes
+    started: float  # perf_counter() just before the start
+
+
+def run(
+    args: list,
+    cwd: Path,
+    env: dict[str, str],
+    stdin: bytes = b"",
+    timeout: float = 300,
+    until_stdout: bool = False,
+    memory: bool = False,
+) -> Run:
+    """Run args to the end. until_stdout: `seconds` stops at the first byte on stdout.
+    memory: run it through spawn.py, so that its peak RSS is its own (see spawn.py)."""
+    args = [str(a) for a in args]
+    with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as rss:
+        if memory:
+            args = [PYTHON, "-S", str(BENCH / "spawn.py"), rss.name, *args]
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,  # a timeout kills the whole group, the launcher's child too
+        )
+        timer = threading.Timer(timeout, kill_group, (process.pid,))
+        timer.start()
+        try:
+            try:
+                process.stdin.write(stdin)
+                process.stdin.close()
+            except BrokenPipeError:
+                pass
+            first = os.read(process.stdout.fileno(), 65536) if until_stdout else b""
+            marked = time.perf_counter()
+            out = first + process.stdout.read()
+            _, status, usage = os.wait4(process.pid, 0)
+            ended = time.perf_counter()
+        except BaseException:  # Ctrl-C: leave nothing running
+            kill_group(process.pid)
+            raise
+        finally:
+            timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        process.stdout.close()
+        err.seek(0)
+        return Run(
+            seconds=(marked if until_stdout else ended) - started,
+            maxrss=int(rss.read() or 0) if memory else 0,
+            cpu=usage.ru_utime + usage.ru_stime,
+            code=process.returncode,
+            stdout=out,
+            stderr=err.read(),
+            started=started,
+        )
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def checked(result: Run, what: str) -> Run:
+    if result.code != 0:
+        tail = result.stderr.decode(errors="replace")[-2000:]
+        raise SystemExit(f"bench: {what} failed (exit {result.code}):\n{tail}")
+    return result
+
+
+def median_time(args: list, cwd: Path, env: dict[str, str], runs: int) -> float:
+    return statistics.median(checked(run(args, cwd, env), str(args[1:3])).seconds for _ in range(runs))
+
+
+# ---- the figures; each returns rows (figure, value, target, met) ----
+
+Row = tuple[str, str, str, str]
+
+
+def yes_no(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def figure_save_bytes(tmp: Path) -> list[Row]:
+    """1. Bytes written by one save ÷ bytes of the new records, 3,000-message history."""
+    say("1/7 bytes written by one save (3,000-message history)")
+    work = tmp / "save-bytes"
+    work.mkdir()
+    sid = workload.session_id(1)
+    path = workload.write_session(work / ".sessions", sid, workload.messages(3000))
+    child = [PYTHON, BENCH / "save_child.py", AGENT, "io", sid]
+    env = agent_env(tmp)
+    strace = shutil.which("strace")
+    result, trace = None, work / "strace.log"
+    if strace:
+        calls = "trace=write,writev,pwrite64,pwritev,pwritev2,fsync,fdatasync,sync_file_range,sync,syncfs"
+        result = run([strace, "-f", "-o", trace, "-e", calls, *child], work, env)
+        if result.code != 0:
+            say(f"strace failed (exit {result.code}); falling back to counting os.fsync calls")
+            result = None
+    else:
+        say("strace is missing (apt-get install strace): counting os.fsync calls with a wrapper instead")
+    if result is None:
+        result = checked(run(child, work, {**env, "BENCH_COUNT_FSYNC": "1"}), "save child")
+    facts = json.loads(result.stdout)
+    new = facts["new_bytes"]
+    if strace and trace.exists():
+        window = trace.read_text(errors="replace").split('"@@BEGIN\\n"', 1)[1].split('"@@END\\n"', 1)[0]
+        window = window.split("\n", 1)[1].rsplit("\n", 1)[0]  # drop the rest of the marker lines
+        writes = re.findall(r"\b(?:write|writev|pwrite64|pwritev2?)\((\d+),.*\)\s+=\s+(-?\d+)", window)
+        syncs = re.findall(r"\b(fsync|fdatasync|sync_file_range|syncfs|sync)\((\d*)", window)
+        written = sum(int(n) for _, n in writes)
+        write_calls = len(writes)
+        fsyncs = sum(1 for name, fd in syncs if name in ("fsync", "fdatasync") and fd == str(facts["fd"]))
+        how = "strace"
+    else:
+        written, write_calls, fsyncs, how = (
+            facts["wchar"],
+            facts["syscw"],
+            facts["fsyncs_counted"],
+            "/proc/self/io and an os.fsync wrapper (no strace)",
+        )
+    ratio = written / new
+    exact = written == new == facts["wchar"] == facts["grown"]
+    value = (
+        f"{ratio:.3f} ({written:,} B in {write_calls} write() for {new:,} B of new records, {fsyncs} fsync; "
+        f"/proc/self/io wchar {facts['wchar']:,} B; history {facts['history']:,} messages, "
+        f"{path.stat().st_size / MB:.1f} MB; syscalls via {how})"
+    )
+    return [
+        ("Bytes written by one save ÷ bytes of the new records", value, "= 1, ≥ 1 fsync", yes_no(exact and fsyncs >= 1))
+    ]
+
+
+def figure_save_time(tmp: Path, saves: int = 300) -> list[Row]:
+    """2. Time of one save into a 20,000-message history ÷ into a 20-message one."""
+    say(f"2/7 save time, 20,000 vs 20 messages ({saves} saves each, fsync included)")
+    work = tmp / "save-time"
+    work.mkdir()
+    small, big = workload.session_id(2), workload.session_id(3)
+    workload.write_session(work / ".sessions", small, workload.messages(20))
+    size = workload.write_session(work / ".sessions", big, workload.messages(20000)).stat().st_size
+    result = checked(
+        run([PYTHON, BENCH / "save_child.py", AGENT, "time", small, big, str(saves)], work, agent_env(tmp)),
+        "save child",
+    )
+    facts = json.loads(result.stdout)
+    (t_small, t_big), (p10_small, p10_big) = facts["median"], facts["p10"]
+    ratio = t_big / t_small
+    value = (
+        f"{ratio:.2f} (median {t_big * 1e3:.2f} ms vs {t_small * 1e3:.2f} ms; p10 {p10_big * 1e3:.2f} vs "
+        f"{p10_small * 1e3:.2f} ms; {saves} saves each, {size / MB:.0f} MB file; the history is reset after each save, the file keeps growing)"
+    )
+    return [("Save time, 20,000-message history ÷ 20-message history", value, "≤ 1.5", yes_no(ratio <= 1.5))]
+
+
+BARE_PASS = """\
+import json, sys
+with open(sys.argv[1], "rb") as file:
+    records = [json.loads(line) for line in file]
+sys.stdout.write("x")
+sys.stdout.flush()
+"""
+
+
+def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
+    """3. Resume (load + first request sent) of a ~50 MB session ÷ a bare json.loads pass; peak memory."""
+    say("3/7 resume of a ~50 MB session (building it)")
+    work = tmp / "resume"
+    work.mkdir()
+    body, count = workload.body_of_size(50 * MB)
+    big, tiny = workload.session_id(4), workload.session_id(5)
+    big_path = workload.write_session(work / ".sessions", big, body=body)
+    tiny_path = workload.write_session(work / ".sessions", tiny, workload.messages(4))
+    size = big_path.stat().st_size
+    del body
+    agent_runs: dict[str, list[Run]] = {big: [], tiny: []}
+    bare_runs: dict[str, list[Run]] = {big: [], tiny: []}
+    request_at: dict[str, list[float]] = {big: [], tiny: []}
+    with TimedProvider() as provider:
+        provider.validate = False  # the provider's own work on a 50 MB request is not the agent's
+        env = agent_env(tmp, provider.url)
+        for number in range(repeats):
+            say(f"3/7 resume, end to end, round {number + 1}/{repeats}")
+            for sid in (tiny, big) if number % 2 else (big, tiny):
+                provider.script(text("ok"))
+                result = checked(run([PYTHON, AGENT, "-c", sid, "next"], work, env, memory=True), f"agent -c {sid}")
+                agent_runs[sid].append(result)
+                request_at[sid].append(provider.body_received[-1] - result.started)
+                if len(provider.chat_requests[-1]["messages"]) < (count + 1 if sid == big else 5):
+                    raise SystemExit("bench: the resumed request did not carry the whole history")
+                path = big_path if sid == big else tiny_path
+                bare = checked(run([PYTHON, "-c", BARE_PASS, path], work, env, until_stdout=True, memory=True), "bare")
+                bare_runs[sid].append(bare)
+            provider.requests.clear()  # 50 MB each: keep only what is needed
+    say("3/7 resume, in-process breakdown")
+    steps = json.loads(
+        checked(run([PYTHON, BENCH / "save_child.py", AGENT, "resume", big], work, env), "resume child").stdout
+    )
+    agent_cost = statistics.median(request_at[big]) - statistics.median(request_at[tiny])
+    bare_cost = statistics.median(r.seconds for r in bare_runs[big]) - statistics.median(
+        r.seconds for r in bare_runs[tiny]
+    )
+    ratio = agent_cost / bare_cost
+    peak = max(r.maxrss for r in agent_runs[big]) - max(r.maxrss for r in agent_runs[tiny])
+    bare_peak = max(r.maxrss for r in bare_runs[big]) - max(r.maxrss for r in bare_runs[tiny])
+    value = (
+        f"{ratio:.2f} ({agent_cost:.2f} s vs {bare_cost:.2f} s, medians of {repeats}; {size / MB:.1f} MB, "
+        f"{count:,} messages; end to end: from starting `agent.py -c ID next` to the request body received, "
+        f"minus the same for a 4-message session; the bare pass likewise, in its own process)"
+    )
+    load = steps["open_session"] / steps["bare"]
+    floor = steps["open_session"] + steps["sendable"] + steps["serialize"]
+    breakdown = (
+        f"{load:.2f} (in one process, best of 3: bare pass {steps['bare']:.2f} s; open_session() "
+        f"{steps['open_session']:.2f} s, then sendable() {steps['sendable']:.2f} s and serializing the "
+        f"messages as the SDK does {steps['serialize']:.2f} s: together {floor / steps['bare']:.2f}× the bare pass)"
+    )
+    memory = (
+        f"{peak / size:.1f} ({peak / MB:.0f} MB over the 4-message resume; the bare pass: "
+        f"{bare_peak / size:.1f}, {bare_peak / MB:.0f} MB)"
+    )
+    return [
+        (
+            "Resume of a ~50 MB session (load + first request sent) ÷ bare `json.loads` pass",
+            value,
+            "≤ 1.3",
+            yes_no(ratio <= 1.3),
+        ),
+        ("… of which loading alone: `open_session()` ÷ bare pass", breakdown, "report", "—"),
+        ("Resume peak memory ÷ file size", memory, "report", "—"),
+    ]
+
+
+BARE_PASS_ALL = """\
+import json, os, sys
+for name in sorted(os.listdir(sys.argv[1])):
+    with open(os.path.join(sys.argv[1], name), "rb") as file:
+        records = [json.loads(line) for line in file]
+"""
+
+
+def figure_list(tmp: Path, sessions: int = 1000, runs: int = 5) -> list[Row]:
+    """4. -list over 1,000 sessions of 100 messages: coding sessions (tool output), then plain chats."""
+    say(f"4/7 -list over {sessions:,} sessions of 100 messages")
+    rows = []
+    for kind, make in (("coding sessions", workload.messages), ("plain chats", workload.chat_messages)):
+        work = tmp / "list" / kind.replace(" ", "-")
+        work.mkdir(parents=True)
+        bodies = [b"".join(workload.record(m) for m in make(100, seed=seed)) for seed in range(10)]
+        total = 0
+        for number in range(sessions):
+            body = bodies[number % 10]
+            total += (
+                workload.write_session(work / ".sessions", workload.session_id(100 + number), body=body).stat().st_size
+            )
+        env = agent_env(tmp)
+        warm = checked(run([PYTHON, AGENT, "-list"], work, env), "-list")  # not counted: a warm-up, as after any use
+        lines = warm.stdout.decode().count("\n")
+        if lines != sessions:
+            raise SystemExit(f"bench: -list printed {lines} lines for {sessions} sessions")
+        listings = [checked(run([PYTHON, AGENT, "-list"], work, env), "-list") for _ in range(runs)]
+        listing = statistics.median(r.seconds for r in listings)
+        cpu = statistics.median(r.cpu for r in listings)
+        bare = median_time([PYTHON, "-c", "pass"], work, env, runs)
+        # For scale: parsing every line of every file, which exact counts and damage marks would need.
+        parse = median_time([PYTHON, "-c", BARE_PASS_ALL, work / ".sessions"], work, env, 3)
+        value = (
+            f"{listing:.3f} s wall, {cpu:.3f} s CPU, median of {runs} = {listing / bare:.1f}× `python -c pass` "
+            f"({bare * 1e3:.0f} ms); {total / MB:.0f} MB of sessions ({total / MB / listing:.0f} MB/s); "
+            f"a bare `json.loads` pass over the same files takes {parse:.2f} s"
+        )
+        rows.append((f"`-list` over {sessions:,} {kind} of 100 messages", value, "< 0.5 s", yes_no(listing < 0.5)))
+    return rows
+
+
+def figure_bash_memory(tmp: Path) -> list[Row]:
+    """5. Peak RSS of the agent while a bash command prints for 5 s."""
+    say("5/7 peak memory while `timeout 5 yes` prints for 5 s")
+    work = tmp / "bash"
+    work.mkdir()
+    results: dict[str, Run] = {}
+    printed = 0
+    for name, command in (("baseline", {"command": "echo hi"}), ("yes", {"command": "timeout 5 yes", "timeout": 10})):
+        with TimedProvider() as provider:
+            provider.script(tool_call("bash", command), text("done"))
+            # The gate asks before `timeout 5 yes` runs: answer y on stdin.
+            env = agent_env(tmp, provider.url)
+            results[name] = checked(run([PYTHON, AGENT, "go"], work, env, b"y\n", memory=True), name)
+            result = provider.chat_requests[1]["messages"][-1]["content"]
+        if name == "yes":
+            match = re.search(r"first (\d+) bytes truncated", result)
+            if not match:
+                raise SystemExit(f"bench: the bash tool's output was not truncated: {result[:200]!r}")
+            printed = int(match.group(1))
+    peak, base = results["yes"].maxrss, results["baseline"].maxrss
+    # What the interpreter and the SDK cost before the agent does anything.
+    bare = checked(run([PYTHON, "-c", "pass"], work, agent_env(tmp), memory=True), "python").maxrss
+    sdk = checked(run([PYTHON, "-c", "import openai"], work, agent_env(tmp), memory=True), "import openai").maxrss
+    value = (
+        f"{peak / MB:.1f} MB: {(peak - base) / MB:+.1f} MB over the same run with `echo hi` "
+        f"({base / MB:.1f} MB), while the command printed {printed / 1e9:.1f} GB. For scale: "
+        f"`python -c pass` {bare / MB:.1f} MB, `python -c 'import openai'` {sdk / MB:.1f} MB"
+    )
+    return [("Peak RSS of the agent while bash prints for 5 s", value, "≤ 50 MB", yes_no(peak <= 50 * MB))]
+
+
+def figure_stream_delay(tmp: Path, runs: int = 7) -> list[Row]:
+    """6. Fake provider writes the first text chunk → the chunk on the agent's stdout."""
+    say(f"6/7 streaming delay ({runs} runs)")
+    work = tmp / "stream"
+    work.mkdir()
+    delays = []
+    for _ in range(runs):
+        with TimedProvider() as provider:
+            # Events: role, "Hello,", " world", finish. Hold before " world": only the first text chunk is out.
+            provider.script(text("Hello, world", pieces=2, pause_after=2))
+            process = subprocess.Popen(
+                [PYTHON, AGENT, "hi"],
+                cwd=work,
+                env=agent_env(tmp, provider.url),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            first = os.read(process.stdout.fileno(), 65536)
+            arrived = time.perf_counter()
+            if not first:
+                raise SystemExit(f"bench: the agent printed nothing (exit {process.wait(30)})")
+            provider.wait_paused(10)
+            written = [at for at, data in provider.writes if b'"content": "Hello,"' in data][0]
+            provider.release()
+            rest = first + process.stdout.read()
+            if process.wait(30) != 0 or first != b"Hello," or rest != b"Hello, world\n":
+                raise SystemExit(f"bench: streaming run failed: {rest!r}")
+            delays.append(arrived - written)
+    delay = statistics.median(delays)
+    value = f"{delay * 1e3:.1f} ms (median of {runs}; max {max(delays) * 1e3:.1f} ms)"
+    return [("Delay, first text chunk sent → on the agent's stdout", value, "≤ 50 ms", yes_no(delay <= 0.050))]
+
+
+def figure_startup(tmp: Path, runs: int = 11) -> list[Row]:
+    """7. Start-up of `agent.py -h` and `-list` (no sessions) ÷ `python -c pass`."""
+    say(f"7/7 start-up time ({runs} runs each)")
+    work = tmp / "startup"
+    work.mkdir()
+    env = agent_env(tmp)
+    commands = {"pass": [PYTHON, "-c", "pass"], "-h": [PYTHON, AGENT, "-h"], "-list": [PYTHON, AGENT, "-list"]}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(runs):  # interleaved: drift hits all three alike
+        for name, command in commands.items():
+            times[name].append(checked(run(command, work, env), name).seconds)
+    bare = statistics.median(times["pass"])
+    rows = []
+    for name in ("-h", "-list"):
+        trace = run([PYTHON, "-X", "importtime", AGENT, name], work, env).stderr.decode()
+        modules = re.findall(r"\|\s+([\w.]+)\s*$", trace, re.M)
+        heavy = sorted({m.split(".")[0] for m in modules} & {"openai", "httpx", "httpx2", "pydantic"})
+        seconds = statistics.median(times[name])
+        value = (
+            f"{seconds / bare:.1f}× ({seconds * 1e3:.0f} ms vs {bare * 1e3:.0f} ms); "
+            f"{'imports ' + ', '.join(heavy) if heavy else 'openai not imported'}"
+        )
+        label = "`agent.py -h`" if name == "-h" else "`agent.py -list` (no sessions)"
+        rows.append((f"Start-up of {label} ÷ `python -c pass`", value, "report; no openai import", yes_no(not heavy)))
+    return rows
+
+
+# ---- the machine, and the table ----
+
+
+def machine(tmp: Path) -> str:
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo") as file:
+        for line in file:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mounts = []
+    with open("/proc/mounts") as file:
+        for line in file:
+            _, point, kind, *_ = line.split()
+            if str(tmp).startswith(point.rstrip("/") + "/") or str(tmp) == point:
+                mounts.append((len(point), kind))
+    fs = max(mounts)[1] if mounts else "?"
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}; Python {platform.python_version()}, "
+        f"openai {importlib.metadata.version('openai')}; temporary files on {fs}"
+    )
+
+
+FIGURES = [
+    figure_save_bytes,
+    figure_save_time,
+    figure_resume,
+    figure_list,
+    figure_bash_memory,
+    figure_stream_delay,
+    figure_startup,
+]
+
+
+def main() -> None:
+    global AGENT
+    parser = argparse.ArgumentParser(description="Measure agent.py against the fake provider; print a Markdown table.")
+    parser.add_argument("--agent", type=Path, default=AGENT, help="the program to measure (default: agent.py)")
+    parser.add_argument("--only", help="comma-separated figure numbers, e.g. 3,4 (default: all)")
+    options = parser.parse_args()
+    if not sys.platform.startswith("linux"):
+        raise SystemExit("bench: Linux only (it reads /proc and uses wait4)")
+    AGENT = options.agent.resolve()
+    chosen = [int(n) for n in options.only.split(",")] if options.only else range(1, len(FIGURES) + 1)
+    started = time.perf_counter()
+    load_before = Path("/proc/loadavg").read_text().split()[0]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="agent-bench-") as name:
+        tmp = Path(name)
+        about = machine(tmp)
+        for number in chosen:
+            rows += FIGURES[number - 1](tmp)
+    load_after = Path("/proc/loadavg").read_text().split()[0]
+    print(f"Machine: {about}; load average {load_before} before, {load_after} after\n")
+    print("| Figure | Value | Target | Met? |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    if AGENT != ROOT / "agent.py":
+        print(f"\nMeasured: {AGENT}")
+    print(f"\nBench run time: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
