@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import re
-import secrets
 import stat
 import subprocess
 import sys
@@ -693,7 +692,7 @@ def test_creation_is_exclusive_private_and_durable_before_returning(loaded, monk
 
 def test_creation_never_reuses_an_existing_file(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
     """O_EXCL observed: if the chosen name exists, the old file is left alone and the creation fails cleanly."""
-    monkeypatch.setattr(secrets, "token_hex", lambda n=None: "0badcafe")
+    monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("0badcafe"))
     loaded.SESSIONS.mkdir(mode=0o700)
     now = datetime.now()
     decoys = []
