@@ -6,10 +6,15 @@ Every run is hermetic: a temporary working directory, a minimal environment
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -101,3 +106,31 @@ def assert_clean_failure(result: subprocess.CompletedProcess, *needles: str, cod
     assert lines and lines[-1].startswith(("error:", "stopped:")), result.stderr
     for needle in needles:
         assert needle in result.stderr, (needle, result.stderr)
+
+
+def load_program(
+    chapter: int | str, directory: Path, monkeypatch: pytest.MonkeyPatch, api_key: str = "test-key-not-real"
+) -> ModuleType:
+    """A chapter's agent.py imported as a module, for in-process checks. It reads
+    its configuration and WORKDIR at import, so it is imported from `directory`."""
+    monkeypatch.chdir(directory)
+    monkeypatch.setenv("OPENAI_API_KEY", api_key)
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("MODEL", "test-model")
+    spec = importlib.util.spec_from_file_location(f"agent_under_test_{uuid.uuid4().hex}", program(chapter))
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # @dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> str:
+    """Poll for a file a command writes (there is no other signal from inside a running tool)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            content = path.read_text()
+            if content.endswith("\n"):
+                return content
+        time.sleep(0.01)
+    raise TimeoutError(f"{path} never appeared")

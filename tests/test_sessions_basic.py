@@ -10,7 +10,6 @@ agent.py in-process and spy on the standard library, never on the agent.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,13 +17,12 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_failure, hermetic_env, program
+from conftest import assert_clean_failure, hermetic_env, load_program, program
 from fake_provider import FakeProvider, Reply, text, tool_call
 
 AGENT = program("final")
@@ -566,15 +564,7 @@ def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
     work = tmp_path / "inproc"
     work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    monkeypatch.setenv("MODEL", "test-model")
-    name = f"agent_under_test_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(name, AGENT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
+    module = load_program("final", work, monkeypatch, api_key=KEY)
     assert module.WORKDIR == work
     return module
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -21,7 +20,6 @@ import re
 import select
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import program, run_agent, start_agent
+from conftest import load_program, program, run_agent, start_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, sequence_error, text, tool_call, tool_calls
 
 AGENT = program("final")
@@ -42,11 +40,7 @@ GREETING = "你好, world 🎉 — naïve café\n"
 
 def load_agent(monkeypatch: pytest.MonkeyPatch, directory: Path) -> ModuleType:
     """The real agent.py as a module whose WORKDIR (and so .sessions) is `directory`."""
-    monkeypatch.chdir(directory)
-    spec = importlib.util.spec_from_file_location(f"agent_under_test_{time.monotonic_ns()}", AGENT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # @dataclass looks its module up there
-    spec.loader.exec_module(module)
+    module = load_program("final", directory, monkeypatch)
     assert module.SESSIONS == directory / ".sessions"
     return module
 
@@ -419,18 +413,6 @@ def fp_system(requests: list[dict]) -> str:
     """The system prompt the first request carried (a new session stores it first)."""
     assert requests, "the first run was killed before its first request"
     return requests[0]["messages"][0]["content"]
-
-
-def wait_for_file(path: Path, timeout: float = 30) -> str:
-    """Poll for a file a command writes (there is no other signal from inside a running tool)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            content = path.read_text()
-            if content.endswith("\n"):
-                return content
-        time.sleep(0.01)
-    raise TimeoutError(f"{path} never appeared")
 
 
 @pytest.fixture

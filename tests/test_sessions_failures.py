@@ -9,7 +9,6 @@ provider accepts.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -19,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import run_agent, start_agent
+from conftest import run_agent, start_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, error, sequence_error, text, tool_call
 
 SESSION_ID = "20260801-090720-56492195"
@@ -197,18 +196,6 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
-
-
-def wait_for_file(path: Path, timeout: float = 30) -> str:
-    """Poll for a file a command writes (there is no other signal from inside a running tool)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(FileNotFoundError):
-            content = path.read_text()
-            if content.endswith("\n"):
-                return content
-        time.sleep(0.01)
-    raise TimeoutError(f"{path} never appeared")
 
 
 # ---------------------------------------------------------------- API failures (guarantee 8)

@@ -13,7 +13,6 @@ end-to-end samples of the same cases below it.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -23,13 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import hermetic_env, program
+from conftest import hermetic_env, load_program, program
 from fake_provider import FakeProvider, sequence_error, text, tool_call
 
 AGENT = program("final")
@@ -647,15 +645,7 @@ def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
     work = tmp_path / "inproc"
     work.mkdir()
-    monkeypatch.chdir(work)
-    monkeypatch.setenv("OPENAI_API_KEY", "test-key-not-real")
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
-    monkeypatch.setenv("MODEL", "test-model")
-    name = f"agent_under_test_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(name, AGENT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
+    module = load_program("final", work, monkeypatch)
     return module
 
 
