@@ -266,3 +266,17 @@ def test_restore_from_an_unreadable_backup_changes_nothing(provider: FakeProvide
     assert_one_line_failure(result, "list.txt")
     assert (workdir / "list.txt").read_bytes() == b"v2\n"
     assert [path.name for path in (workdir / ".trash").iterdir()] == [backup.name]
+
+
+def test_content_that_cannot_be_written_makes_no_backup(provider: FakeProvider, workdir: Path) -> None:
+    """A lone surrogate cannot be encoded as UTF-8: the write fails before any backup is made."""
+    (workdir / "list.txt").write_bytes(b"milk\n")
+    results = run(
+        provider,
+        workdir,
+        calls(read("r", "list.txt")),
+        calls(("w", "write_file", '{"path": "list.txt", "content": "a\\ud800b"}')),
+    )
+    assert results["w"].startswith("error: write_file failed on list.txt"), results["w"]
+    assert (workdir / "list.txt").read_bytes() == b"milk\n"
+    assert not (workdir / ".trash").exists()

@@ -110,7 +110,7 @@ def definition(name: str, description: str, **parameters: str) -> dict:
 def store(path: str, text: str) -> str:
     """Write text to path as UTF-8, creating parent directories. An existing
     file is backed up first; returns a note that names the backup."""
-    note = ""
+    data, note = text.encode("utf-8"), ""  # encoded first: text that cannot be written makes no backup
     if Path(path).exists():
         try:
             note = f" (old version saved as {backup(Path(path)).relative_to(WORKDIR)})"
@@ -119,7 +119,7 @@ def store(path: str, text: str) -> str:
                 f"could not back up the old version ({error.strerror or error}); the file was not changed"
             ) from None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(text.encode("utf-8"))
+    Path(path).write_bytes(data)
     return note
 
 
