@@ -120,7 +120,7 @@ def definition(name: str, description: str, **parameters: str) -> dict:
 def store(path: str, text: str) -> str:
     """Write text to path as UTF-8, creating parent directories. An existing
     file is backed up first; returns a note that names the backup."""
-    note = ""
+    data, note = text.encode("utf-8"), ""  # encoded first: text that cannot be written makes no backup
     if Path(path).exists():
         try:
             note = f" (old version saved as {backup(Path(path)).relative_to(WORKDIR)})"
@@ -129,7 +129,7 @@ def store(path: str, text: str) -> str:
                 f"could not back up the old version ({error.strerror or error}); the file was not changed"
             ) from None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(text.encode("utf-8"))
+    Path(path).write_bytes(data)
     return note
 
 
@@ -424,10 +424,9 @@ def record_line(record: dict) -> bytes:
 
 
 class Session:
-    def __init__(self, session_id: str, fd: int, created_at: str) -> None:
+    def __init__(self, session_id: str, fd: int) -> None:
         self.id = session_id
         self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
-        self.created_at = created_at
         self.history: list[dict] = []
         self.saved = 0  # how many messages of history are already in the file
         self.size = 0  # bytes in the file
@@ -437,7 +436,8 @@ class Session:
         The cost depends on what is new, never on how long the conversation is."""
         data = b"".join(record_line({"type": "message", "message": m}) for m in self.history[self.saved :])
         if self.size == 0:  # a new file, or one whose header never reached the disk
-            header = {"type": "meta", "id": self.id, "created_at": self.created_at, "version": 1}
+            created_at = datetime.now().astimezone().isoformat(timespec="seconds")
+            header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1}
             data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
         if not data:
             return
@@ -471,7 +471,7 @@ def create_session(first_messages: list[dict]) -> Session:
     except OSError as error:
         raise SessionError(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
     lock(fd, session_id)
-    session = Session(session_id, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
+    session = Session(session_id, fd)
     session.history = first_messages
     try:
         session.save()
@@ -576,7 +576,7 @@ def open_session(wanted: str) -> Session:
         print(
             f"warning: skipped damaged line(s) {numbers} of {session_id}.jsonl; they stay in the file", file=sys.stderr
         )
-    session = Session(session_id, fd, datetime.now().astimezone().isoformat(timespec="seconds"))
+    session = Session(session_id, fd)
     session.history, session.saved, session.size = messages, len(messages), complete
     return session
 
@@ -597,10 +597,7 @@ def sendable(history: list[dict]) -> list[dict]:
                 pending.remove(message["tool_call_id"])
                 out.append(message)
             continue
-        out += [
-            {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"}
-            for i in pending
-        ]
+        out += interrupted(pending)
         pending = []
         if message["role"] == "assistant":
             message = {k: v for k, v in message.items() if k != "reasoning_content" or message.get("tool_calls")}
@@ -608,10 +605,14 @@ def sendable(history: list[dict]) -> list[dict]:
                 message.pop("tool_calls", None)  # an empty list is refused by the API
             pending = [call["id"] for call in message.get("tool_calls", [])]
         out.append(message)
-    out += [
-        {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"} for i in pending
+    return out + interrupted(pending)
+
+
+def interrupted(call_ids: list[str]) -> list[dict]:
+    """Stand-in results for tool calls whose results never reached the file."""
+    return [
+        {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"} for i in call_ids
     ]
-    return out
 
 
 def list_sessions() -> None:
