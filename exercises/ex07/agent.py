@@ -7,6 +7,7 @@ comes with only the tail kept, stdin closed, failures reported as facts.
     python exercises/ex07/agent.py "How many lines of Python are in this directory?"
 """
 
+import contextlib
 import json
 import os
 import selectors
@@ -71,6 +72,7 @@ MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 
 
 class TurnFailed(Exception):
@@ -160,19 +162,37 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 }
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt."""
+    held = []
+    previous = {number: signal.signal(number, lambda number, frame: held.append(number)) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
-    process = subprocess.Popen(
-        ["sh", "-c", command],
-        cwd=WORKDIR,
-        stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so a kill reaches everything it starts
-    )
-    deadline = time.monotonic() + timeout
-    tail, total, status = b"", 0, None
+    process, tail, total, status = None, b"", 0, None
     try:
+        # A signal that lands inside Popen would lose the child's pid, and the
+        # command, in a session of its own, would outlive us: hold it until
+        # Popen returns. Raised here, it still reaches the finally below.
+        with stop_signals_held():
+            process = subprocess.Popen(
+                ["sh", "-c", command],
+                cwd=WORKDIR,
+                stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a kill reaches everything it starts
+            )
+        deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
@@ -187,13 +207,13 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     except subprocess.TimeoutExpired:
         pass
     finally:
-        if status is None:  # timed out (or Ctrl-C): kill the whole group, grandchildren too
-            try:
+        if process:
+            # Kill the whole group on every way out: a timeout, Ctrl-C, and also
+            # success, since a background (&) child outlives sh otherwise.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
-        process.stdout.close()
+            process.stdout.close()
     return tail, total, status
 
 
@@ -377,6 +397,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # A kill or a closed terminal stops the agent as Ctrl-C does, so the
+    # finally in run_command() kills a running command's process group.
+    for number in STOP_SIGNALS[1:]:
+        signal.signal(number, signal.default_int_handler)
     try:
         main()
     except KeyboardInterrupt:
