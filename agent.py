@@ -1,8 +1,12 @@
-"""Chapter 11 — Session persistence (会话持久化).
+"""agent.py — the production edition.
 
-The history list is only a view in memory; the conversation itself is an
-append-only JSONL file in .sessions/. The process can die at any byte; the
-conversation does not. This file is also the finished agent.py.
+This is chapter 11's program (exercises/ex11/agent.py) plus a production
+layer: a lock per session, durable creation, repairs of what a crash can
+leave, a faster start and a faster -list, -c last and ID prefixes, and one
+exit policy. exercises/production/README.md walks through every addition;
+its table of contents is
+
+    diff -u exercises/ex11/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
@@ -27,12 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from dotenv import find_dotenv, load_dotenv
 
-if TYPE_CHECKING:
-    import openai  # imported where a model is called: it takes about a second
+if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
+    import openai  # imported where a model is called, since it takes about a second
 
 # ---- configuration: environment variables, or a .env file where you run ----
 
@@ -58,10 +62,9 @@ HINTS = {
 }
 
 
-def die(message: str) -> NoReturn:
-    """Expected failures end with one line on stderr, never a traceback."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
+class Failure(Exception):
+    """An expected failure, from anywhere: main() prints it as one line
+    (with the resume hint once a session exists) and exits with 1."""
 
 
 def describe(error: openai.APIError) -> str:
@@ -85,6 +88,7 @@ MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 
 
 BASE_PROMPT = """\
@@ -95,10 +99,6 @@ You are a coding agent working in the user's current directory.
 - Read a file before you change it, also when you change it through bash.
 - Prefer edit_file to sed -i or rewriting a whole file.
 - Make only the change you were asked for, then say briefly what you did."""
-
-
-class TurnFailed(Exception):
-    """A model turn that did not complete; the message says why."""
 
 
 # ---- tools: each one a definition (what the model sees) and a function (what runs) ----
@@ -227,19 +227,37 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 }
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt."""
+    held = []
+    previous = {number: signal.signal(number, lambda number, frame: held.append(number)) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
-    process = subprocess.Popen(
-        ["sh", "-c", command],
-        cwd=WORKDIR,
-        stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so a kill reaches everything it starts
-    )
-    deadline = time.monotonic() + timeout
-    tail, total, status = b"", 0, None
+    process, tail, total, status = None, b"", 0, None
     try:
+        # A signal that lands inside Popen would lose the child's pid, and the
+        # command, in a session of its own, would outlive us: hold it until
+        # Popen returns. Raised here, it still reaches the finally below.
+        with stop_signals_held():
+            process = subprocess.Popen(
+                ["sh", "-c", command],
+                cwd=WORKDIR,
+                stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a kill reaches everything it starts
+            )
+        deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
@@ -254,13 +272,13 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     except subprocess.TimeoutExpired:
         pass
     finally:
-        if status is None:  # timed out (or Ctrl-C): kill the whole group, grandchildren too
-            try:
+        if process:
+            # Kill the whole group on every way out: a timeout, Ctrl-C, and also
+            # success, since a background (&) child outlives sh otherwise.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
-        process.stdout.close()
+            process.stdout.close()
     return tail, total, status
 
 
@@ -326,11 +344,11 @@ def restore(name: str) -> None:
     """-restore FILE: put back FILE's newest backup, backing up the current version first."""
     target = Path(name)
     if not TRASH.is_dir():
-        die("there is no .trash directory here: nothing has been backed up yet")
+        raise Failure("there is no .trash directory here: nothing has been backed up yet")
     key = backup_key(target)
     backups = sorted(path for path in TRASH.iterdir() if path.name.rpartition("~")[0] == key)
     if not backups:
-        die(f"no backup of {name} in .trash")
+        raise Failure(f"no backup of {name} in .trash")
     newest = backups[-1]
     try:
         data = newest.read_bytes()
@@ -339,7 +357,7 @@ def restore(name: str) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     except OSError as error:
-        die(f"cannot restore {name}: {error.strerror or error}")
+        raise Failure(f"cannot restore {name}: {error.strerror or error}") from None
     print(f"restored {newest.relative_to(WORKDIR)} -> {name}")
 
 
@@ -402,40 +420,36 @@ registry.register(BASH, bash)
 
 
 # ---- sessions: the conversation is an append-only JSONL file on disk ----
-# Line 1 is a header; then one line per message, exactly as the API sent it.
-# The history list is only a view of that file: the process may die at any
-# moment, and the conversation must survive it.
+# Line 1 is a header; then one line per message, exactly as the API returned
+# it. The history list is only a view of that file.
 
 SESSIONS = WORKDIR / ".sessions"
 SESSION_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")  # the only names that ever reach the filesystem
 ROLES = {"system", "user", "assistant", "tool"}
 
 
-class SessionError(Exception):
-    """A session problem the user must hear about; the message is one line."""
-
-
 def record_line(record: dict) -> bytes:
-    """One record as one line. json.dumps escapes newlines, so a line is a record."""
+    """One record as one line: json.dumps escapes newlines, so a line is a record.
+    Text is written as UTF-8, so a file of Chinese reads as Chinese."""
     try:
-        return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
-    except UnicodeEncodeError:  # a lone surrogate from a split emoji: escape it, json.loads rejoins it
-        return json.dumps(record).encode("ascii") + b"\n"
+        return json.dumps(record, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:  # a lone surrogate (half an emoji, split by a stream): \u-escape it all
+        return json.dumps(record).encode() + b"\n"
 
 
 class Session:
-    def __init__(self, session_id: str, fd: int) -> None:
+    def __init__(self, session_id: str, history: list[dict], fd: int) -> None:
         self.id = session_id
-        self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
-        self.history: list[dict] = []
+        self.history = history
         self.saved = 0  # how many messages of history are already in the file
-        self.size = 0  # bytes in the file
+        self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
+        self.size = os.fstat(fd).st_size  # bytes in the file: a failed save is cut back to this
 
     def save(self) -> None:
-        """Append the messages added since the last save: one write of whole lines, then fsync.
-        The cost depends on what is new, never on how long the conversation is."""
+        """Append history[saved:]: one write of whole lines, then fsync. The cost
+        depends on what is new, never on how long the conversation is."""
         data = b"".join(record_line({"type": "message", "message": m}) for m in self.history[self.saved :])
-        if self.size == 0:  # a new file, or one whose header never reached the disk
+        if self.size == 0:  # a new file, or one whose creation was cut short: the header goes in the same write
             created_at = datetime.now().astimezone().isoformat(timespec="seconds")
             header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1}
             data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
@@ -445,34 +459,35 @@ class Session:
             view = memoryview(data)
             while view:  # one write() for a regular file; the loop only guards a short write
                 view = view[os.write(self.fd, view) :]
-            os.fsync(self.fd)
+            os.fsync(self.fd)  # on the disk, not only in the kernel's cache
         except OSError as error:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.size)  # take back a half-written batch
-            raise SessionError(f"cannot save session {self.id}: {error.strerror or error}") from None
+            raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from None
         self.size += len(data)
         self.saved = len(self.history)
 
 
 def lock(fd: int, session_id: str) -> None:
+    """One writer: an exclusive lock for the whole run, dropped by the kernel when we exit, however."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when we exit, however
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise SessionError(f"session {session_id} is in use by another agent.py; wait for it to finish") from None
+        raise Failure(f"session {session_id} is in use by another agent.py; wait for it to finish") from None
 
 
-def create_session(first_messages: list[dict]) -> Session:
-    """A new file, created exclusively, private, with its header on disk before anyone sees the ID."""
+def create_session(history: list[dict]) -> Session:
+    """A new session: its file created exclusively (never someone else's) and private (0600),
+    its header on disk and its directory synced before anyone sees the ID."""
     try:
-        SESSIONS.mkdir(mode=0o700, exist_ok=True)  # sessions hold prompts and file contents: private
+        SESSIONS.mkdir(mode=0o700, exist_ok=True)
         session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
         path = SESSIONS / f"{session_id}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError as error:
-        raise SessionError(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
+        raise Failure(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
     lock(fd, session_id)
-    session = Session(session_id, fd)
-    session.history = first_messages
+    session = Session(session_id, history, fd)
     try:
         session.save()
         directory = os.open(SESSIONS, os.O_RDONLY)
@@ -480,76 +495,14 @@ def create_session(first_messages: list[dict]) -> Session:
             os.fsync(directory)  # the new name is durable too, not only the bytes
         finally:
             os.close(directory)
-    except (SessionError, OSError):
+    except (Failure, OSError):
         path.unlink(missing_ok=True)  # never announced, holds nothing: not a session yet
         raise
     return session
 
 
-def session_files() -> dict[str, Path]:
-    """Session ID -> path, for every well-formed name in .sessions."""
-    try:
-        return {p.stem: p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)}
-    except FileNotFoundError:
-        return {}
-    except OSError as error:
-        raise SessionError(f"cannot read {SESSIONS}: {error.strerror or error}") from None
-
-
-def find_session(wanted: str) -> str:
-    """The full ID for an ID, a unique prefix of one, or "last" (the most recently active)."""
-    if wanted != "last" and not re.fullmatch(r"[0-9a-f-]{1,24}", wanted):
-        shown_id = wanted if len(wanted) <= 40 else wanted[:40] + "…"
-        raise SessionError(
-            f"{shown_id!r} is not a session ID (an ID like 20260801-090720-56492195, a unique prefix, or last)"
-        )
-    sessions = session_files()
-    if wanted == "last":
-        if not sessions:
-            raise SessionError(f"there is no session in {SESSIONS.name}/ to continue yet")
-        # An empty file is a session whose creation was cut short: never "active".
-        started = [session_id for session_id in sessions if sessions[session_id].stat().st_size]
-        return max(started or sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
-    matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
-    if len(matches) > 1:
-        raise SessionError(f"{wanted} matches {len(matches)} sessions; give more of the ID")
-    if not matches:
-        raise SessionError(f"no session {wanted} in {SESSIONS.name}/ (python agent.py -list shows them)")
-    return matches[0]
-
-
-def well_formed(message: object) -> bool:
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        return False
-    calls = message.get("tool_calls")
-    return calls is None or (
-        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls)
-    )
-
-
-def parse_session(data: bytes) -> tuple[list[dict], list[int], int]:
-    """(messages, numbers of damaged lines, bytes of complete lines). Split on \\n only:
-    str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
-    lines = data.split(b"\n")
-    torn = lines.pop()  # after the last newline: b"" or a line whose write was cut short
-    messages, damaged = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except ValueError:  # not UTF-8, not JSON, NUL bytes
-            damaged.append(number)
-            continue
-        if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
-            messages.append(record["message"])
-        elif not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
-            damaged.append(number)
-    return messages, damaged, len(data) - len(torn)
-
-
 def open_session(wanted: str) -> Session:
-    """Lock an existing session, repair a torn tail, and load its messages."""
+    """Lock an existing session, cut off a torn tail, and replay its messages."""
     session_id = find_session(wanted)
     try:
         fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
@@ -557,16 +510,16 @@ def open_session(wanted: str) -> Session:
         with open(fd, "rb", closefd=False) as file:
             data = file.read()
     except OSError as error:
-        raise SessionError(f"cannot open session {session_id}: {error.strerror or error}") from None
-    messages, damaged, complete = parse_session(data)
+        raise Failure(f"cannot open session {session_id}: {error.strerror or error}") from None
+    history, damaged, complete = parse_session(data)
     if complete < len(data):
-        # A crash cut the last write short. Cut it off before appending, or
-        # the next record would be glued onto it and both would be lost.
+        # The book drops the torn line only in memory. The next save would then
+        # glue a record onto it, and that line would be lost as well.
         try:
             os.ftruncate(fd, complete)
             os.fsync(fd)
         except OSError as error:
-            raise SessionError(f"cannot repair session {session_id}: {error.strerror or error}") from None
+            raise Failure(f"cannot repair session {session_id}: {error.strerror or error}") from None
         print(
             f"warning: dropped an incomplete last line ({len(data) - complete} bytes) left by an interrupted write",
             file=sys.stderr,
@@ -576,13 +529,72 @@ def open_session(wanted: str) -> Session:
         print(
             f"warning: skipped damaged line(s) {numbers} of {session_id}.jsonl; they stay in the file", file=sys.stderr
         )
-    session = Session(session_id, fd)
-    session.history, session.saved, session.size = messages, len(messages), complete
+    session = Session(session_id, history, fd)
+    session.saved = len(history)
     return session
 
 
+def find_session(wanted: str) -> str:
+    """The full ID for an ID, a unique prefix of one, or "last" (the most recently active)."""
+    if wanted != "last" and not re.fullmatch(r"[0-9a-f-]{1,24}", wanted):  # ../../etc/passwd never becomes a path
+        shown_id = wanted if len(wanted) <= 40 else wanted[:40] + "…"
+        raise Failure(
+            f"{shown_id!r} is not a session ID (an ID like 20260801-090720-56492195, a unique prefix, or last)"
+        )
+    sessions = session_files()
+    if wanted == "last":
+        if not sessions:
+            raise Failure(f"there is no session in {SESSIONS.name}/ to continue yet")
+        # An empty file is a session whose creation was cut short: never "active".
+        started = [session_id for session_id in sessions if sessions[session_id].stat().st_size]
+        return max(started or sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
+    matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
+    if len(matches) > 1:
+        raise Failure(f"{wanted} matches {len(matches)} sessions; give more of the ID")
+    if not matches:
+        raise Failure(f"no session {wanted} in {SESSIONS.name}/ (python agent.py -list shows them)")
+    return matches[0]
+
+
+def session_files() -> dict[str, Path]:
+    """Session ID -> path, for every well-formed name in .sessions."""
+    try:
+        return {p.stem: p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)}
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise Failure(f"cannot read {SESSIONS}: {error.strerror or error}") from None
+
+
+def parse_session(data: bytes) -> tuple[list[dict], list[int], int]:
+    """(messages, numbers of damaged lines, bytes of complete lines). Split on \\n only:
+    str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
+    complete = data.rfind(b"\n") + 1  # what follows the last newline is a write cut short
+    messages, damaged = [], []
+    for number, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
+        try:
+            record = json.loads(line.decode())
+        except ValueError:  # not UTF-8, not JSON, NUL bytes
+            record = None
+        if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
+            messages.append(record["message"])
+        elif line.strip() and not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
+            damaged.append(number)
+    return messages, damaged, complete
+
+
+def well_formed(message: object) -> bool:
+    """A message the API can take: a known role, and tool calls that carry an id."""
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        return False
+    calls = message.get("tool_calls")
+    return calls is None or (
+        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls)
+    )
+
+
 def sendable(history: list[dict]) -> list[dict]:
-    """The history as this request needs it, whatever the file holds. Repairs
+    """The history as a request needs it, whatever the file holds. Repairs
     happen here, in memory, never silently on disk:
     - a system prompt first;
     - every tool call answered right after its assistant message (a crash or
@@ -616,7 +628,7 @@ def interrupted(call_ids: list[str]) -> list[dict]:
 
 
 def list_sessions() -> None:
-    """-list: one line per session, from a quick scan of its bytes, not the full loader."""
+    """-list: one line per session, oldest activity first, from a quick scan of its bytes."""
     sessions = sorted(session_files().values(), key=lambda path: path.stat().st_mtime)
     if not sessions:
         print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
@@ -626,8 +638,8 @@ def list_sessions() -> None:
 
 # -list reads bytes, not records. A quote inside a JSON string is always
 # escaped, so these patterns can only match the structure of a record.
-MESSAGE_START = (b'{"type": "message"', b'{"type":"message"')
-META_START = (b'{"type": "meta"', b'{"type":"meta"')
+MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the book's Go edition
+META_LINE = (b'{"type": "meta"', b'{"type":"meta"')
 KNOWN_ROLE = re.compile(rb'"role": ?"(?:system|user|assistant|tool)"')
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
@@ -639,12 +651,12 @@ def summary(path: Path) -> str:
         data = path.read_bytes()
     except OSError as error:
         return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
-    body = data if data.endswith(b"\n") else data[: data.rfind(b"\n") + 1]  # after the last newline: a torn tail
+    body = data[: data.rfind(b"\n") + 1]  # what follows the last newline is a torn tail
     count, damaged = count_messages(body)
     damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
     created, prompt = "?", ""
     with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-        if body.startswith(META_START):
+        if body.startswith(META_LINE):
             created = json.loads(body[: body.find(b"\n")])["created_at"][:16].replace("T", " ")
         if user := USER_ROLE.search(body):  # the line holding the first user message
             line = body[body.rfind(b"\n", 0, user.start()) + 1 : body.find(b"\n", user.end())]
@@ -658,7 +670,7 @@ def count_messages(body: bytes) -> tuple[int, bool]:
     """(messages, any damaged line?) in complete lines. A healthy file written by
     this program passes a few whole-buffer counts at C speed; any other file is
     read line by line."""
-    lines, header = body.count(b"\n"), body.startswith(META_START)
+    lines, header = body.count(b"\n"), body.startswith(META_LINE)
     starts = body.count(b'\n{"type": "message"') + body.startswith(b'{"type": "message"')
     if (
         starts + header == lines == body.count(b"}\n")  # every line one whole record
@@ -671,21 +683,21 @@ def count_messages(body: bytes) -> tuple[int, bool]:
     for number, line in enumerate(body.split(b"\n")[:-1], start=1):
         line = line.rstrip(b"\r")
         if (
-            line.startswith(MESSAGE_START)
+            line.startswith(MESSAGE_LINE)
             and line.endswith(b"}")
             and len(KNOWN_ROLE.findall(line)) == 1
             and b'}{"type"' not in line
             and utf8(line)
         ):
             count += 1
-        elif line.strip() and not (number == 1 and line.startswith(META_START)):
+        elif line.strip() and not (number == 1 and line.startswith(META_LINE)):
             damaged = True
     return count, damaged
 
 
 def utf8(data: bytes) -> bool:
     try:
-        data.decode("utf-8")
+        data.decode()
         return True
     except UnicodeDecodeError:
         return False
@@ -703,9 +715,13 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
         stream = client.chat.completions.create(
             model=MODEL,
             max_tokens=4096,
-            # Passed as messages=history, the SDK would check every message against
-            # its type hints first (about 0.5 ms each: seconds for a long session).
-            # extra_body is sent as it is.
+            # Given messages=history, the SDK walks every message against its
+            # type hints before sending (about 0.5 ms a message: seconds for a
+            # long session). How this avoids it: the SDK builds the JSON body
+            # from the named arguments, then merges extra_body over its top
+            # level, so this "messages" replaces the empty list (the argument
+            # is required) and goes out as it is. A test fails if an SDK
+            # release stops merging it that way.
             messages=[],
             extra_body={"messages": history},
             tools=registry.definitions(),
@@ -740,14 +756,14 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
         if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
-            raise TurnFailed(describe(error)) from None
+            raise Failure(describe(error)) from None
     finally:
         if text:
             print(flush=True)  # end the text's line, complete or not
     # A stream can simply stop (a proxy, a crash): no finish_reason means
     # the turn is incomplete, and that is a failure, not a success.
     if finish_reason is None:
-        raise TurnFailed("the stream ended before the answer was finished; try again")
+        raise Failure("the stream ended before the answer was finished; try again")
 
     message: dict = {"role": "assistant", "content": text or None}
     if reasoning:
@@ -777,82 +793,85 @@ usage: python agent.py "task"                 start a new session
        python agent.py -h                     this help"""
 
 
-def main() -> None:
-    args = sys.argv[1:]
-    if args[:1] in (["-h"], ["--help"]):
-        return print(USAGE)
-    if len(args) == 2 and args[0] in ("-restore", "--restore") and args[1].strip():
-        return restore(args[1])
-    if args in (["-list"], ["--list"]):
-        return list_sessions()
-    if len(args) == 3 and args[0] in ("-c", "--continue") and args[2].strip():
-        resume_id, task = args[1], args[2]
-    elif len(args) == 1 and args[0].strip() and not args[0].startswith("-"):
-        resume_id, task = None, args[0]
-    else:
-        die('usage: python agent.py "task" | -c ID "follow-up" | -c last "follow-up" | -list | -restore FILE | -h')
-    if not API_KEY or not MODEL:
-        print(SETUP_GUIDE, file=sys.stderr)
-        sys.exit(1)
-
-    if resume_id is not None:
-        session = open_session(resume_id)
-        print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
-        session.history.append({"role": "user", "content": task})
-        session.save()
-    else:
-        # The same system prompt first, every request: it is the cacheable prefix.
-        session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": task}])
-        print(f"[new session {session.id}]", file=sys.stderr)
-    hint = f"[session {session.id} — continue with: -c {session.id}]"
+def main(args: list[str]) -> int:
+    """Run one command line and return the exit status. Every way out passes
+    through here: success, a Failure from anywhere, or an interruption."""
+    hint = ""  # once a session exists, every way out says how to continue it
     try:
-        run(session, hint)
-    except SessionError as error:  # a save failed: the file holds every round before it
-        print(f"error: {error}\n{hint}", file=sys.stderr)
-        sys.exit(1)
+        if args[:1] in (["-h"], ["--help"]):
+            print(USAGE)
+            return 0
+        if len(args) == 2 and args[0] in ("-restore", "--restore") and args[1].strip():
+            restore(args[1])
+            return 0
+        if args in (["-list"], ["--list"]):
+            list_sessions()
+            return 0
+        resume_id = None
+        if len(args) == 3 and args[0] in ("-c", "--continue"):
+            resume_id, args = args[1], args[2:]
+        if len(args) != 1 or not args[0].strip() or args[0].startswith("-"):
+            raise Failure(
+                'usage: python agent.py "task" | -c ID "follow-up" | -c last "follow-up" | -list | -restore FILE | -h'
+            )
+        if not API_KEY or not MODEL:
+            print(SETUP_GUIDE, file=sys.stderr)
+            return 1
+
+        if resume_id is not None:
+            session = open_session(resume_id)
+            print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
+            session.history.append({"role": "user", "content": args[0]})
+            session.save()
+        else:
+            # The same system prompt first, every request: it is the cacheable prefix.
+            session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": args[0]}])
+            print(f"[new session {session.id}]", file=sys.stderr)
+        hint = f"\n[session {session.id} — continue with: -c {session.id}]"
+        status = run(session)
+        print(hint.lstrip(), file=sys.stderr)
+        return status
+    except Failure as failure:
+        print(f"error: {failure}{hint}", file=sys.stderr)  # every completed round is already on disk
+        return 1
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the rounds completed so far are saved\n{hint}", file=sys.stderr)
-        sys.exit(130)
+        done = ": the rounds completed so far are saved" if hint else ""
+        print(f"\ninterrupted{done}{hint}", file=sys.stderr)
+        return 130
 
 
-def run(session: Session, hint: str) -> None:
+def run(session: Session) -> int:
+    """The agent loop over a session: save after every round. Returns the exit status."""
     import openai  # here, not at the top: -list, -restore and -h never pay the SDK's ~1 s import
 
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     history = session.history
     for round_number in range(1, MAX_ROUNDS + 1):
-        try:
-            message, finish_reason, usage = stream_turn(client, sendable(history))
-        except TurnFailed as failure:
-            print(f"error: {failure}\n{hint}", file=sys.stderr)  # every completed round is already on disk
-            sys.exit(1)
+        message, finish_reason, usage = stream_turn(client, sendable(history))
         history.append(message)  # the assistant message goes before its tool results
         prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
         if "tool_calls" not in message:
             session.save()
             print(
                 f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
-                f"finish_reason={finish_reason}]\n{hint}",
+                f"finish_reason={finish_reason}]",
                 file=sys.stderr,
             )
-            return
+            return 0
         print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
             print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
             history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
-        session.save()  # the assistant message and all its results, in one write: never a call without its results
-    print(f"stopped: reached the {MAX_ROUNDS}-round limit\n{hint}", file=sys.stderr)
-    sys.exit(1)
+        session.save()  # the assistant message and all its results in one write: never a call without results
+    print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SessionError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
+    # A kill or a closed terminal stops the agent as Ctrl-C does, so the
+    # finally in run_command() kills a running command's process group.
+    for number in STOP_SIGNALS[1:]:
+        signal.signal(number, signal.default_int_handler)
+    sys.exit(main(sys.argv[1:]))

@@ -10,10 +10,6 @@ from conftest import ROOT, program
 CHAPTERS = range(1, 12)
 
 
-def test_agent_py_is_the_last_chapter_byte_for_byte() -> None:
-    assert program("final").read_bytes() == program(11).read_bytes()
-
-
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_every_chapter_has_a_program_and_a_readme(chapter: int) -> None:
     directory = program(chapter).parent

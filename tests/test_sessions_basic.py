@@ -691,7 +691,7 @@ def test_creation_never_reuses_an_existing_file(loaded, monkeypatch: pytest.Monk
         decoy = loaded.SESSIONS / name
         decoy.write_bytes(b"precious bytes\n")
         decoys.append(decoy)
-    with pytest.raises(loaded.SessionError) as caught:
+    with pytest.raises(loaded.Failure) as caught:
         loaded.create_session([{"role": "user", "content": "hi"}])
     assert "\n" not in str(caught.value)
     assert all(d.read_bytes() == b"precious bytes\n" for d in decoys)

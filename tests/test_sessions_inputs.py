@@ -777,7 +777,7 @@ def test_a_malformed_id_never_reaches_the_filesystem(loaded, wanted: str) -> Non
     put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
     AUDIT = []
     try:
-        with pytest.raises(loaded.SessionError) as caught:
+        with pytest.raises(loaded.Failure) as caught:
             loaded.open_session(wanted)
         events = AUDIT
     finally:
@@ -791,7 +791,7 @@ def test_a_well_formed_unknown_id_only_lists_the_directory(loaded) -> None:
     put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
     AUDIT = []
     try:
-        with pytest.raises(loaded.SessionError):
+        with pytest.raises(loaded.Failure):
             loaded.open_session("20261231-235959-00000000")
         events = AUDIT
     finally:

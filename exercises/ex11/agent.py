@@ -2,17 +2,14 @@
 
 The history list is only a view in memory; the conversation itself is an
 append-only JSONL file in .sessions/. The process can die at any byte; the
-conversation does not. This file is also the finished agent.py.
+conversation does not.
 
-    python agent.py "My name is Xiaoming; remember it"
-    python agent.py -c last "What is my name?"
-    python agent.py -list
+    python exercises/ex11/agent.py "My name is Xiaoming; remember it"
+    python exercises/ex11/agent.py -c 20260801-090720-56492195 "What is my name?"
+    python exercises/ex11/agent.py -list
 """
 
-from __future__ import annotations
-
 import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -27,12 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
+import openai
 from dotenv import find_dotenv, load_dotenv
-
-if TYPE_CHECKING:
-    import openai  # imported where a model is called: it takes about a second
 
 # ---- configuration: environment variables, or a .env file where you run ----
 
@@ -66,8 +61,6 @@ def die(message: str) -> NoReturn:
 
 def describe(error: openai.APIError) -> str:
     """One line for an API failure: what happened and what to do about it."""
-    import openai
-
     if isinstance(error, openai.APITimeoutError):
         return f"no answer from {BASE_URL} in time; try again"
     if isinstance(error, openai.APIConnectionError):
@@ -85,6 +78,7 @@ MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
 
 
 BASE_PROMPT = """\
@@ -227,19 +221,37 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 }
 
 
+@contextlib.contextmanager
+def stop_signals_held():
+    """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt."""
+    held = []
+    previous = {number: signal.signal(number, lambda number, frame: held.append(number)) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
-    process = subprocess.Popen(
-        ["sh", "-c", command],
-        cwd=WORKDIR,
-        stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so a kill reaches everything it starts
-    )
-    deadline = time.monotonic() + timeout
-    tail, total, status = b"", 0, None
+    process, tail, total, status = None, b"", 0, None
     try:
+        # A signal that lands inside Popen would lose the child's pid, and the
+        # command, in a session of its own, would outlive us: hold it until
+        # Popen returns. Raised here, it still reaches the finally below.
+        with stop_signals_held():
+            process = subprocess.Popen(
+                ["sh", "-c", command],
+                cwd=WORKDIR,
+                stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a kill reaches everything it starts
+            )
+        deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
             while (left := deadline - time.monotonic()) > 0:
@@ -254,13 +266,13 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     except subprocess.TimeoutExpired:
         pass
     finally:
-        if status is None:  # timed out (or Ctrl-C): kill the whole group, grandchildren too
-            try:
+        if process:
+            # Kill the whole group on every way out: a timeout, Ctrl-C, and also
+            # success, since a background (&) child outlives sh otherwise.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
-        process.stdout.close()
+            process.stdout.close()
     return tail, total, status
 
 
@@ -402,293 +414,101 @@ registry.register(BASH, bash)
 
 
 # ---- sessions: the conversation is an append-only JSONL file on disk ----
-# Line 1 is a header; then one line per message, exactly as the API sent it.
-# The history list is only a view of that file: the process may die at any
-# moment, and the conversation must survive it.
+# Line 1 is a header; then one line per message, exactly as the API returned
+# it. The history list is only a view of that file.
 
 SESSIONS = WORKDIR / ".sessions"
 SESSION_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")  # the only names that ever reach the filesystem
-ROLES = {"system", "user", "assistant", "tool"}
-
-
-class SessionError(Exception):
-    """A session problem the user must hear about; the message is one line."""
 
 
 def record_line(record: dict) -> bytes:
-    """One record as one line. json.dumps escapes newlines, so a line is a record."""
-    try:
-        return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
-    except UnicodeEncodeError:  # a lone surrogate from a split emoji: escape it, json.loads rejoins it
-        return json.dumps(record).encode("ascii") + b"\n"
+    """One record as one line: json.dumps escapes newlines, so a line is a record.
+    It also writes every non-ASCII character as a \\u escape, so any text encodes."""
+    return json.dumps(record).encode() + b"\n"
 
 
 class Session:
-    def __init__(self, session_id: str, fd: int) -> None:
+    def __init__(self, session_id: str, history: list[dict]) -> None:
         self.id = session_id
-        self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
-        self.history: list[dict] = []
+        self.path = SESSIONS / f"{session_id}.jsonl"
+        self.history = history
         self.saved = 0  # how many messages of history are already in the file
-        self.size = 0  # bytes in the file
 
     def save(self) -> None:
-        """Append the messages added since the last save: one write of whole lines, then fsync.
-        The cost depends on what is new, never on how long the conversation is."""
+        """Append history[saved:]: one write of whole lines, then fsync. The cost
+        depends on what is new, never on how long the conversation is."""
         data = b"".join(record_line({"type": "message", "message": m}) for m in self.history[self.saved :])
-        if self.size == 0:  # a new file, or one whose header never reached the disk
-            created_at = datetime.now().astimezone().isoformat(timespec="seconds")
-            header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1}
-            data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
-        if not data:
-            return
         try:
-            view = memoryview(data)
-            while view:  # one write() for a regular file; the loop only guards a short write
-                view = view[os.write(self.fd, view) :]
-            os.fsync(self.fd)
-        except OSError as error:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)  # take back a half-written batch
-            raise SessionError(f"cannot save session {self.id}: {error.strerror or error}") from None
-        self.size += len(data)
+            with open(self.path, "ab") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())  # on the disk, not only in the kernel's cache
+        except OSError as error:  # a full disk: at worst a torn last line, which the next resume cuts off
+            die(f"cannot save session {self.id}: {error.strerror or error}")
         self.saved = len(self.history)
 
 
-def lock(fd: int, session_id: str) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the kernel when we exit, however
-    except BlockingIOError:
-        raise SessionError(f"session {session_id} is in use by another agent.py; wait for it to finish") from None
-
-
-def create_session(first_messages: list[dict]) -> Session:
-    """A new file, created exclusively, private, with its header on disk before anyone sees the ID."""
-    try:
-        SESSIONS.mkdir(mode=0o700, exist_ok=True)  # sessions hold prompts and file contents: private
-        session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
-        path = SESSIONS / f"{session_id}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    except OSError as error:
-        raise SessionError(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
-    lock(fd, session_id)
-    session = Session(session_id, fd)
-    session.history = first_messages
-    try:
-        session.save()
-        directory = os.open(SESSIONS, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # the new name is durable too, not only the bytes
-        finally:
-            os.close(directory)
-    except (SessionError, OSError):
-        path.unlink(missing_ok=True)  # never announced, holds nothing: not a session yet
-        raise
+def create_session(history: list[dict]) -> Session:
+    """A new session: its file created exclusively (never someone else's) and private (0600)."""
+    SESSIONS.mkdir(mode=0o700, exist_ok=True)
+    session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
+    created_at = datetime.now().astimezone().isoformat(timespec="seconds")
+    # The book opens with O_TRUNC and mode 0644: it could empty an existing file, and anyone could read it.
+    fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    header = {"type": "meta", "id": session_id, "created_at": created_at, "version": 1}
+    with open(fd, "wb") as file:
+        file.write(record_line({**header, "model": MODEL, "base_url": BASE_URL}))  # never the key
+    session = Session(session_id, history)
+    session.save()
     return session
 
 
-def session_files() -> dict[str, Path]:
-    """Session ID -> path, for every well-formed name in .sessions."""
-    try:
-        return {p.stem: p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)}
-    except FileNotFoundError:
-        return {}
-    except OSError as error:
-        raise SessionError(f"cannot read {SESSIONS}: {error.strerror or error}") from None
-
-
-def find_session(wanted: str) -> str:
-    """The full ID for an ID, a unique prefix of one, or "last" (the most recently active)."""
-    if wanted != "last" and not re.fullmatch(r"[0-9a-f-]{1,24}", wanted):
-        shown_id = wanted if len(wanted) <= 40 else wanted[:40] + "…"
-        raise SessionError(
-            f"{shown_id!r} is not a session ID (an ID like 20260801-090720-56492195, a unique prefix, or last)"
-        )
-    sessions = session_files()
-    if wanted == "last":
-        if not sessions:
-            raise SessionError(f"there is no session in {SESSIONS.name}/ to continue yet")
-        # An empty file is a session whose creation was cut short: never "active".
-        started = [session_id for session_id in sessions if sessions[session_id].stat().st_size]
-        return max(started or sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
-    matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
-    if len(matches) > 1:
-        raise SessionError(f"{wanted} matches {len(matches)} sessions; give more of the ID")
-    if not matches:
-        raise SessionError(f"no session {wanted} in {SESSIONS.name}/ (python agent.py -list shows them)")
-    return matches[0]
-
-
-def well_formed(message: object) -> bool:
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
-        return False
-    calls = message.get("tool_calls")
-    return calls is None or (
-        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls)
-    )
-
-
-def parse_session(data: bytes) -> tuple[list[dict], list[int], int]:
-    """(messages, numbers of damaged lines, bytes of complete lines). Split on \\n only:
-    str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
-    lines = data.split(b"\n")
-    torn = lines.pop()  # after the last newline: b"" or a line whose write was cut short
-    messages, damaged = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+def open_session(session_id: str) -> Session:
+    """Replay a session file into a history. A torn last line is cut off the
+    file; a damaged complete line is reported by number and kept."""
+    if not SESSION_ID.fullmatch(session_id):  # ../../etc/passwd must never become a path
+        die(f"{session_id!r} is not a session ID (like 20260801-090720-56492195)")
+    path = SESSIONS / f"{session_id}.jsonl"
+    if not path.is_file():
+        die(f"no session {session_id} in {SESSIONS.name}/")
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1  # what follows the last newline is a write cut short
+    history, damaged = [], []
+    for number, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
         try:
-            record = json.loads(line.decode("utf-8"))
-        except ValueError:  # not UTF-8, not JSON, NUL bytes
+            record = json.loads(line.decode())
+        except ValueError:  # not UTF-8, or not JSON
+            record = None
+        if isinstance(record, dict) and record.get("type") == "message" and isinstance(record.get("message"), dict):
+            history.append(record["message"])
+        elif line.strip() and not (isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
-            continue
-        if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
-            messages.append(record["message"])
-        elif not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
-            damaged.append(number)
-    return messages, damaged, len(data) - len(torn)
-
-
-def open_session(wanted: str) -> Session:
-    """Lock an existing session, repair a torn tail, and load its messages."""
-    session_id = find_session(wanted)
-    try:
-        fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
-        lock(fd, session_id)  # before reading: another run may be appending right now
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read()
-    except OSError as error:
-        raise SessionError(f"cannot open session {session_id}: {error.strerror or error}") from None
-    messages, damaged, complete = parse_session(data)
     if complete < len(data):
-        # A crash cut the last write short. Cut it off before appending, or
-        # the next record would be glued onto it and both would be lost.
-        try:
-            os.ftruncate(fd, complete)
-            os.fsync(fd)
-        except OSError as error:
-            raise SessionError(f"cannot repair session {session_id}: {error.strerror or error}") from None
+        # The book drops the torn line only in memory. The next save would then
+        # glue a record onto it, and that line would be lost as well.
+        with open(path, "r+b") as file:
+            file.truncate(complete)
+            os.fsync(file.fileno())
         print(
             f"warning: dropped an incomplete last line ({len(data) - complete} bytes) left by an interrupted write",
             file=sys.stderr,
         )
     if damaged:
-        numbers = ", ".join(map(str, damaged[:10])) + (", …" if len(damaged) > 10 else "")
-        print(
-            f"warning: skipped damaged line(s) {numbers} of {session_id}.jsonl; they stay in the file", file=sys.stderr
-        )
-    session = Session(session_id, fd)
-    session.history, session.saved, session.size = messages, len(messages), complete
+        numbers = ", ".join(map(str, damaged))
+        print(f"warning: skipped damaged line(s) {numbers} of {path.name}; they stay in the file", file=sys.stderr)
+    session = Session(session_id, history)
+    session.saved = len(history)
     return session
 
 
-def sendable(history: list[dict]) -> list[dict]:
-    """The history as this request needs it, whatever the file holds. Repairs
-    happen here, in memory, never silently on disk:
-    - a system prompt first;
-    - every tool call answered right after its assistant message (a crash or
-      an old file can leave one unanswered: the API would refuse every request);
-    - no tool message that answers nothing;
-    - reasoning_content only on tool-call turns, where DeepSeek's thinking mode requires it."""
-    out = [] if history and history[0]["role"] == "system" else [{"role": "system", "content": BASE_PROMPT}]
-    pending: list[str] = []  # tool calls of the last assistant message still unanswered
-    for message in history:
-        if message["role"] == "tool":
-            if message.get("tool_call_id") in pending:
-                pending.remove(message["tool_call_id"])
-                out.append(message)
-            continue
-        out += interrupted(pending)
-        pending = []
-        if message["role"] == "assistant":
-            message = {k: v for k, v in message.items() if k != "reasoning_content" or message.get("tool_calls")}
-            if not message.get("tool_calls"):
-                message.pop("tool_calls", None)  # an empty list is refused by the API
-            pending = [call["id"] for call in message.get("tool_calls", [])]
-        out.append(message)
-    return out + interrupted(pending)
-
-
-def interrupted(call_ids: list[str]) -> list[dict]:
-    """Stand-in results for tool calls whose results never reached the file."""
-    return [
-        {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"} for i in call_ids
-    ]
+MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the book's Go edition
 
 
 def list_sessions() -> None:
-    """-list: one line per session, from a quick scan of its bytes, not the full loader."""
-    sessions = sorted(session_files().values(), key=lambda path: path.stat().st_mtime)
-    if not sessions:
-        print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
-    for path in sessions:
-        print(summary(path))
-
-
-# -list reads bytes, not records. A quote inside a JSON string is always
-# escaped, so these patterns can only match the structure of a record.
-MESSAGE_START = (b'{"type": "message"', b'{"type":"message"')
-META_START = (b'{"type": "meta"', b'{"type":"meta"')
-KNOWN_ROLE = re.compile(rb'"role": ?"(?:system|user|assistant|tool)"')
-USER_ROLE = re.compile(rb'"role": ?"user"')
-
-
-def summary(path: Path) -> str:
-    """One -list line, from a scan of the file's bytes: no record goes through the loader."""
-    modified = datetime.fromtimestamp(path.stat().st_mtime)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
-    body = data if data.endswith(b"\n") else data[: data.rfind(b"\n") + 1]  # after the last newline: a torn tail
-    count, damaged = count_messages(body)
-    damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
-    created, prompt = "?", ""
-    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-        if body.startswith(META_START):
-            created = json.loads(body[: body.find(b"\n")])["created_at"][:16].replace("T", " ")
-        if user := USER_ROLE.search(body):  # the line holding the first user message
-            line = body[body.rfind(b"\n", 0, user.start()) + 1 : body.find(b"\n", user.end())]
-            prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
-    prompt = prompt if len(prompt) <= 50 else prompt[:49] + "…"
-    mark = f"  [{', '.join(damage)}]" if damage else ""
-    return f"{path.stem}  created {created}  modified {modified:%Y-%m-%d %H:%M}  {count:>4} messages  {prompt}{mark}"
-
-
-def count_messages(body: bytes) -> tuple[int, bool]:
-    """(messages, any damaged line?) in complete lines. A healthy file written by
-    this program passes a few whole-buffer counts at C speed; any other file is
-    read line by line."""
-    lines, header = body.count(b"\n"), body.startswith(META_START)
-    starts = body.count(b'\n{"type": "message"') + body.startswith(b'{"type": "message"')
-    if (
-        starts + header == lines == body.count(b"}\n")  # every line one whole record
-        and len(KNOWN_ROLE.findall(body)) == starts  # every message has one known role
-        and b'}{"type"' not in body  # no two records glued into one line
-        and (body.isascii() or utf8(body))
-    ):
-        return starts, False
-    count, damaged = 0, False
-    for number, line in enumerate(body.split(b"\n")[:-1], start=1):
-        line = line.rstrip(b"\r")
-        if (
-            line.startswith(MESSAGE_START)
-            and line.endswith(b"}")
-            and len(KNOWN_ROLE.findall(line)) == 1
-            and b'}{"type"' not in line
-            and utf8(line)
-        ):
-            count += 1
-        elif line.strip() and not (number == 1 and line.startswith(META_START)):
-            damaged = True
-    return count, damaged
-
-
-def utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
+    """-list: each session's ID and its number of messages, counted without replaying them."""
+    for path in sorted(SESSIONS.glob("*.jsonl")):
+        lines = path.read_bytes().split(b"\n")
+        print(f"{path.stem}  {sum(line.startswith(MESSAGE_LINE) for line in lines)} messages")
 
 
 # ---- one model turn: stream the text, assemble the tool calls ----
@@ -696,18 +516,12 @@ def utf8(data: bytes) -> bool:
 
 def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
     """Print text as it arrives; return (assistant message, finish_reason, usage)."""
-    import openai
-
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
     try:
         stream = client.chat.completions.create(
             model=MODEL,
             max_tokens=4096,
-            # Passed as messages=history, the SDK would check every message against
-            # its type hints first (about 0.5 ms each: seconds for a long session).
-            # extra_body is sent as it is.
-            messages=[],
-            extra_body={"messages": history},
+            messages=history,
             tools=registry.definitions(),
             stream=True,
             stream_options={"include_usage": True},  # a stream carries usage only if asked
@@ -768,64 +582,42 @@ def cached_tokens(usage: object) -> int:
 # ---- the agent loop: ask, run the tools it asks for, ask again ----
 
 
-USAGE = """\
-usage: python agent.py "task"                 start a new session
-       python agent.py -c ID "follow-up"      continue session ID (a unique prefix will do)
-       python agent.py -c last "follow-up"    continue the most recently active session
-       python agent.py -list                  list the sessions in .sessions/
-       python agent.py -restore FILE          restore FILE's newest backup from .trash/
-       python agent.py -h                     this help"""
-
-
 def main() -> None:
     args = sys.argv[1:]
-    if args[:1] in (["-h"], ["--help"]):
-        return print(USAGE)
     if len(args) == 2 and args[0] in ("-restore", "--restore") and args[1].strip():
         return restore(args[1])
-    if args in (["-list"], ["--list"]):
+    if args == ["-list"]:
         return list_sessions()
-    if len(args) == 3 and args[0] in ("-c", "--continue") and args[2].strip():
-        resume_id, task = args[1], args[2]
-    elif len(args) == 1 and args[0].strip() and not args[0].startswith("-"):
-        resume_id, task = None, args[0]
-    else:
-        die('usage: python agent.py "task" | -c ID "follow-up" | -c last "follow-up" | -list | -restore FILE | -h')
+    resume_id = None
+    if len(args) == 3 and args[0] == "-c":
+        resume_id, args = args[1], args[2:]
+    if len(args) != 1 or not args[0].strip() or args[0].startswith("-"):
+        die('usage: python agent.py "your task"  |  -c ID "follow-up"  |  -list  |  -restore FILE')
     if not API_KEY or not MODEL:
         print(SETUP_GUIDE, file=sys.stderr)
         sys.exit(1)
 
-    if resume_id is not None:
-        session = open_session(resume_id)
-        print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
-        session.history.append({"role": "user", "content": task})
-        session.save()
-    else:
-        # The same system prompt first, every request: it is the cacheable prefix.
-        session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": task}])
-        print(f"[new session {session.id}]", file=sys.stderr)
-    hint = f"[session {session.id} — continue with: -c {session.id}]"
     try:
-        run(session, hint)
-    except SessionError as error:  # a save failed: the file holds every round before it
-        print(f"error: {error}\n{hint}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the rounds completed so far are saved\n{hint}", file=sys.stderr)
-        sys.exit(130)
-
-
-def run(session: Session, hint: str) -> None:
-    import openai  # here, not at the top: -list, -restore and -h never pay the SDK's ~1 s import
+        if resume_id is not None:
+            session = open_session(resume_id)
+            print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
+            session.history.append({"role": "user", "content": args[0]})
+            session.save()
+        else:
+            # The same system prompt first, every request: it is the cacheable prefix.
+            session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": args[0]}])
+            print(f"[new session {session.id}]", file=sys.stderr)
+    except OSError as error:
+        die(f"session: {error.strerror or error}")
+    hint = f"[session {session.id} — continue with: -c {session.id}]"
 
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     history = session.history
     for round_number in range(1, MAX_ROUNDS + 1):
         try:
-            message, finish_reason, usage = stream_turn(client, sendable(history))
+            message, finish_reason, usage = stream_turn(client, history)
         except TurnFailed as failure:
-            print(f"error: {failure}\n{hint}", file=sys.stderr)  # every completed round is already on disk
-            sys.exit(1)
+            die(f"{failure}\n{hint}")  # every completed round is already on disk
         history.append(message)  # the assistant message goes before its tool results
         prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
         if "tool_calls" not in message:
@@ -842,17 +634,18 @@ def run(session: Session, hint: str) -> None:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
             print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
             history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
-        session.save()  # the assistant message and all its results, in one write: never a call without its results
+        session.save()  # the assistant message and all its results in one write: never a call without results
     print(f"stopped: reached the {MAX_ROUNDS}-round limit\n{hint}", file=sys.stderr)
     sys.exit(1)
 
 
 if __name__ == "__main__":
+    # A kill or a closed terminal stops the agent as Ctrl-C does, so the
+    # finally in run_command() kills a running command's process group.
+    for number in STOP_SIGNALS[1:]:
+        signal.signal(number, signal.default_int_handler)
     try:
         main()
-    except SessionError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         sys.exit(130)
