@@ -1,45 +1,29 @@
 """Chapters 1 and 2: one API call, then the same call streamed.
 
 Each test runs the real program against the fake provider and checks what the
-user sees, what reached the server, and the exit code.
+user sees, what reached the server, and the exit code. What agent.py inherits
+from these chapters (configuration, error lines, streaming, a cut stream is a
+failure) is also run against agent.py ("final").
 """
 
 from __future__ import annotations
 
-import os
-import select
-import socket
-import subprocess
-import time
-
 import pytest
 
-from conftest import assert_clean_failure, run_agent, start_agent
+from conftest import TEST_KEY, assert_clean_failure, run_agent
 from fake_provider import Reply, error, text
+from helpers import (
+    Live,
+    assert_setup_guide,
+    chapter_output,
+    conversation,
+    free_port,
+    status_line,
+    stderr_lines,
+    summary,
+)
 
-KEY = "test-key-not-real"
-
-
-def status_line(prompt: int = 11, completion: int = 7, finish: str = "stop") -> str:
-    return f"[input {prompt} tokens · output {completion} tokens · finish_reason={finish}]"
-
-
-def free_port() -> int:
-    """A port nothing listens on: bind to get one, then close it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def assert_setup_guide(result: subprocess.CompletedProcess, secret: str | None = None) -> None:
-    assert result.returncode == 1, (result.returncode, result.stderr)
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    assert result.stderr.startswith("error: OPENAI_API_KEY and MODEL must be set"), result.stderr
-    for needle in ("DeepSeek", "api.deepseek.com", "Ollama", "localhost:11434"):
-        assert needle in result.stderr, (needle, result.stderr)
-    if secret:
-        assert secret not in result.stderr + result.stdout
+KEY = TEST_KEY
 
 
 # ---------------------------------------------------------------- ex01
@@ -81,21 +65,24 @@ def test_ex01_bad_arguments_print_usage(provider, workdir, args):
     assert provider.requests == []
 
 
+@pytest.mark.parametrize("chapter", [1, "final"])
 @pytest.mark.parametrize("missing", ["OPENAI_API_KEY", "MODEL"])
-def test_ex01_missing_config_prints_setup_guide(provider, workdir, missing):
+def test_ex01_missing_config_prints_setup_guide(provider, workdir, chapter, missing):
     secret = "sk-secret-0123456789abcdef"
     env = {"OPENAI_API_KEY": secret, missing: None}
-    result = run_agent(1, "hello", provider=provider, cwd=workdir, **env)
+    result = run_agent(chapter, "hello", provider=provider, cwd=workdir, **env)
     assert_setup_guide(result, secret)
     assert provider.requests == []
 
 
-def test_ex01_reads_dotenv_in_working_directory(provider, workdir):
+@pytest.mark.parametrize("chapter", [1, "final"])
+def test_ex01_reads_dotenv_in_working_directory(provider, workdir, chapter):
     (workdir / ".env").write_text(
         f"OPENAI_API_KEY=dotenv-key\nMODEL=dotenv-model\nOPENAI_BASE_URL={provider.url}\n", encoding="utf-8"
     )
     provider.script(text("from dotenv"))
-    result = run_agent(1, "hi", provider=provider, cwd=workdir, OPENAI_API_KEY=None, MODEL=None, OPENAI_BASE_URL=None)
+    env = {"OPENAI_API_KEY": None, "MODEL": None, "OPENAI_BASE_URL": None}
+    result = run_agent(chapter, "hi", provider=provider, cwd=workdir, **env)
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "from dotenv\n"
@@ -103,7 +90,8 @@ def test_ex01_reads_dotenv_in_working_directory(provider, workdir):
     assert provider.requests[0]["body"]["model"] == "dotenv-model"
 
 
-def test_ex01_environment_wins_over_dotenv(provider, workdir):
+@pytest.mark.parametrize("chapter", [1, "final"])
+def test_ex01_environment_wins_over_dotenv(provider, workdir, chapter):
     # The .env points at a closed port with a wrong key and model: if it won,
     # the request would never reach the provider, or carry the wrong values.
     (workdir / ".env").write_text(
@@ -111,7 +99,7 @@ def test_ex01_environment_wins_over_dotenv(provider, workdir):
         encoding="utf-8",
     )
     provider.script(text("from env"))
-    result = run_agent(1, "hi", provider=provider, cwd=workdir, MODEL="env-model")
+    result = run_agent(chapter, "hi", provider=provider, cwd=workdir, MODEL="env-model")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "from env\n"
@@ -128,13 +116,14 @@ HTTP_ERRORS = [
 ]
 
 
+@pytest.mark.parametrize("chapter", [1, "final"])
 @pytest.mark.parametrize(("status", "message", "hint"), HTTP_ERRORS, ids=[str(e[0]) for e in HTTP_ERRORS])
-def test_ex01_http_errors_fail_cleanly(provider, workdir, status, message, hint):
+def test_ex01_http_errors_fail_cleanly(provider, workdir, chapter, status, message, hint):
     provider.script(error(status))
-    result = run_agent(1, "hi", provider=provider, cwd=workdir)
+    result = chapter_output(chapter, run_agent(chapter, "hi", provider=provider, cwd=workdir))
 
     assert_clean_failure(result)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = stderr_lines(result.stderr)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: HTTP {status}: {message}"), lines[0]
     assert hint in lines[0]
@@ -143,62 +132,46 @@ def test_ex01_http_errors_fail_cleanly(provider, workdir, status, message, hint)
     assert len(provider.requests) == 1  # x-should-retry: false, so no retries
 
 
-def test_ex01_connection_refused_fails_cleanly(workdir):
+@pytest.mark.parametrize("chapter", [1, "final"])
+def test_ex01_connection_refused_fails_cleanly(workdir, chapter):
     url = f"http://127.0.0.1:{free_port()}/v1"
-    result = run_agent(1, "hi", provider=None, cwd=workdir, OPENAI_BASE_URL=url)
+    result = chapter_output(chapter, run_agent(chapter, "hi", provider=None, cwd=workdir, OPENAI_BASE_URL=url))
     assert_clean_failure(result, url, "OPENAI_BASE_URL")
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+    assert len(stderr_lines(result.stderr)) == 1, result.stderr
     assert result.stdout == ""
 
 
 # ---------------------------------------------------------------- ex02
 
 
-def read_until(proc: subprocess.Popen, needle: bytes, timeout: float = 30) -> bytes:
-    """Read proc's stdout (raw fd, no line buffering) until needle appears."""
-    fd = proc.stdout.fileno()
-    data = b""
-    deadline = time.monotonic() + timeout
-    while needle not in data:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{needle!r} never appeared; got {data!r}")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            piece = os.read(fd, 4096)
-            if not piece:
-                raise AssertionError(f"stdout closed before {needle!r} appeared; got {data!r}")
-            data += piece
-    return data
-
-
-def test_ex02_text_is_printed_before_the_stream_ends(provider, workdir):
+@pytest.mark.parametrize("chapter", [2, "final"])
+def test_ex02_text_is_printed_before_the_stream_ends(provider, workdir, chapter):
     answer = "Hello world, streaming"  # three pieces: "Hello wo" "rld, str" "eaming"
     # Events: role chunk, piece 1, then the server holds the stream.
     provider.script(text(answer, pause_after=2))
-    proc = start_agent(2, "Say hello", provider=provider, cwd=workdir)
-    try:
+    with Live(chapter, "Say hello", provider=provider, cwd=workdir) as live:
         provider.wait_paused()
-        early = read_until(proc, b"Hello wo")
+        live.wait_stdout("Hello wo")
         # The server is still holding the rest, so this text came mid-stream.
         assert provider.paused.is_set() and not provider.gate.is_set()
-        assert proc.poll() is None
-        assert early == b"Hello wo"
+        assert live.proc.poll() is None
+        assert live.out == b"Hello wo"
 
         provider.release()
-        rest, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
-    assert (early + rest).decode() == answer + "\n"
-    assert err.decode() == "\n" + status_line() + "\n"
+        result = chapter_output(chapter, live.completed())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == answer + "\n"
+    if chapter == 2:
+        assert result.stderr == "\n" + status_line() + "\n"
+    else:  # one closing line all the same: agent.py's summary
+        assert summary(chapter, result.stderr) == ("1", "11", "0", "stop"), result.stderr
+        assert len(stderr_lines(result.stderr)) == 1, result.stderr
 
 
-def test_ex02_request_asks_for_a_stream_with_usage(provider, workdir):
+@pytest.mark.parametrize("chapter", [2, "final"])
+def test_ex02_request_asks_for_a_stream_with_usage(provider, workdir, chapter):
     provider.script(text("ok"))
-    result = run_agent(2, "Explain TCP", provider=provider, cwd=workdir)
+    result = run_agent(chapter, "Explain TCP", provider=provider, cwd=workdir)
 
     assert result.returncode == 0, result.stderr
     request = provider.requests[0]
@@ -207,9 +180,9 @@ def test_ex02_request_asks_for_a_stream_with_usage(provider, workdir):
     body = request["body"]
     assert body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert body["max_tokens"] == 1024
+    assert body["max_tokens"] == (1024 if chapter == 2 else 4096)  # chapter 5 raised it for tool rounds
     assert body["model"] == "test-model"
-    assert body["messages"] == [{"role": "user", "content": "Explain TCP"}]
+    assert conversation(chapter, body["messages"]) == [{"role": "user", "content": "Explain TCP"}]
 
 
 @pytest.mark.parametrize(
@@ -238,13 +211,17 @@ def test_ex02_keepalive_comments_are_harmless(provider, workdir):
     assert result.stderr == "\n" + status_line() + "\n"
 
 
-def test_ex02_finish_reason_length_is_shown(provider, workdir):
+@pytest.mark.parametrize("chapter", [2, "final"])
+def test_ex02_finish_reason_length_is_shown(provider, workdir, chapter):
     provider.script(text("Cut short", finish="length"))
-    result = run_agent(2, "hi", provider=provider, cwd=workdir)
+    result = chapter_output(chapter, run_agent(chapter, "hi", provider=provider, cwd=workdir))
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Cut short\n"
-    assert result.stderr.splitlines()[-1] == status_line(finish="length")
+    if chapter == 2:
+        assert result.stderr.splitlines()[-1] == status_line(finish="length")
+    else:
+        assert summary(chapter, result.stderr)[3] == "length"
 
 
 ANSWER = "Partial answer here"  # pieces: "Partial" " answer" " here"
@@ -258,14 +235,14 @@ CUT_STREAMS = [
 ]
 
 
+@pytest.mark.parametrize("chapter", [2, "final"])
 @pytest.mark.parametrize(("reply", "needle"), CUT_STREAMS)
-def test_ex02_incomplete_stream_fails_cleanly(provider, workdir, reply, needle):
+def test_ex02_incomplete_stream_fails_cleanly(provider, workdir, chapter, reply, needle):
     provider.script(reply)
-    result = run_agent(2, "hi", provider=provider, cwd=workdir)
+    result = chapter_output(chapter, run_agent(chapter, "hi", provider=provider, cwd=workdir))
 
     assert_clean_failure(result, needle)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+    assert len(stderr_lines(result.stderr)) == 1, result.stderr
     assert "finish_reason" not in result.stderr  # no success summary
     # Whatever arrived before the cut may be on stdout, and nothing else.
     assert ANSWER.startswith(result.stdout.strip()), result.stdout
@@ -281,6 +258,6 @@ def test_ex02_http_errors_fail_cleanly(provider, workdir, status, message, hint)
     result = run_agent(2, "hi", provider=provider, cwd=workdir)
 
     assert_clean_failure(result, f"HTTP {status}: {message}", hint)
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+    assert len(stderr_lines(result.stderr)) == 1, result.stderr
     assert result.stdout.strip() == ""
     assert len(provider.requests) == 1

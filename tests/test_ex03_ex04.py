@@ -6,12 +6,11 @@ stdin, and checks what the user sees and what reached the server.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from conftest import assert_clean_failure, run_agent
 from fake_provider import Reply, anthropic_text, error, text
+from helpers import free_port, status_line
 
 BANNER = "Type a message and press Enter; type exit to quit.\n"
 SYSTEM_PROMPT = "You are a concise assistant; answer in at most three sentences."
@@ -24,16 +23,6 @@ def user(content: str) -> dict:
 
 def assistant(content: str) -> dict:
     return {"role": "assistant", "content": content}
-
-
-def status(prompt: int = 11, completion: int = 7, stop: str = "finish_reason=stop") -> str:
-    return f"[input {prompt} tokens · output {completion} tokens · {stop}]"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- ex03
@@ -49,7 +38,7 @@ def test_ex03_second_turn_resends_the_first(provider, workdir):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Nice to meet you.\nYour name is Xiaoming.\n"
     # Banner, prompts and status lines on stderr; no blank line before a status line.
-    assert result.stderr == BANNER + "> " + status(20, 5) + "\n> " + status(40, 6) + "\n> "
+    assert result.stderr == BANNER + "> " + status_line(20, 5) + "\n> " + status_line(40, 6) + "\n> "
 
     first, second = provider.chat_requests
     assert first["messages"] == [SYSTEM, user("My name is Xiaoming")]
@@ -84,7 +73,7 @@ def test_ex03_failed_turn_is_forgotten_and_the_repl_goes_on(provider, workdir, f
     error_lines = [line for line in lines if "error:" in line]
     assert len(error_lines) == 1 and needle in error_lines[0], result.stderr
     # After the error the REPL prompts again and the next turn succeeds.
-    assert result.stderr.endswith("> " + status() + "\n> "), result.stderr
+    assert result.stderr.endswith("> " + status_line() + "\n> "), result.stderr
     assert result.stdout.rstrip("\n").endswith("Second answer.")
 
     first, second = provider.chat_requests
@@ -98,7 +87,7 @@ def test_ex03_empty_lines_reprompt_without_a_request(provider, workdir):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Hi.\n"
-    assert result.stderr == BANNER + "> > > " + status() + "\n> > "
+    assert result.stderr == BANNER + "> > > " + status_line() + "\n> > "
     assert len(provider.requests) == 1
     assert provider.chat_requests[0]["messages"] == [SYSTEM, user("hello")]
 
@@ -151,9 +140,9 @@ def test_ex04_anthropic_request_shape_reply_and_history(provider, workdir):
     assert result.stderr == (
         BANNER
         + "> "
-        + status(13, 5, "stop_reason=end_turn")
+        + status_line(13, 5, "end_turn", key="stop_reason")
         + "\n> "
-        + status(30, 3, "stop_reason=max_tokens")
+        + status_line(30, 3, "max_tokens", key="stop_reason")
         + "\n> "
     )
 
@@ -188,7 +177,7 @@ def test_ex04_openai_protocol(provider, workdir, protocol):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Hello.\nAgain.\n"
-    assert result.stderr == (BANNER + "> " + status() + "\n> " + status(stop="finish_reason=length") + "\n> ")
+    assert result.stderr == (BANNER + "> " + status_line() + "\n> " + status_line(finish="length") + "\n> ")
 
     assert [r["path"] for r in provider.requests] == ["/v1/chat/completions"] * 2
     assert provider.requests[0]["headers"]["authorization"] == "Bearer test-key-not-real"
@@ -232,7 +221,7 @@ def test_ex04_anthropic_http_error_then_the_repl_goes_on(provider, workdir):
         BANNER
         + "> error: HTTP 401: Authentication Fails, Your api key: ****abcd is invalid\n"
         + "> "
-        + status(13, 5, "stop_reason=end_turn")
+        + status_line(13, 5, "end_turn", key="stop_reason")
         + "\n> "
     )
     assert result.stdout == "Second answer.\n"

@@ -1,14 +1,14 @@
 """Chapter 5: the agent loop closes.
 
 The real exercises/ex05/agent.py runs as a subprocess against the fake
-provider. The tests check what the user sees (stdout, stderr, exit code),
-what reached the server (messages, tool results, tools declared) and the disk.
+provider, and so does agent.py ("final") for every behaviour it inherits: the
+loop, parallel calls, tool errors going back to the model, the round limit.
+The tests check what the user sees (stdout, stderr, exit code), what reached
+the server (messages, tool results, tools declared) and the disk.
 """
 
 from __future__ import annotations
 
-import re
-import socket
 import subprocess
 from pathlib import Path
 
@@ -16,38 +16,24 @@ import pytest
 
 from conftest import assert_clean_failure, run_agent
 from fake_provider import FakeProvider, Reply, error, text, tool_call, tool_calls
+from helpers import chapter_output, conversation, free_port, has_summary, round_lines, summary, tool_messages
 
 CHAPTER = 5
+both = pytest.mark.parametrize("chapter", [CHAPTER, "final"])
 TASK = "What does notes.txt say?"
-SUMMARY = re.compile(r"^\[(\d+) rounds · last round input (\S+) tokens · finish_reason=(\w+)\]$")
 
 
-def run(provider: FakeProvider, workdir: Path, *replies: Reply, **env: str | None) -> subprocess.CompletedProcess:
+def run(
+    chapter: int | str, provider: FakeProvider, workdir: Path, *replies: Reply, **env: str | None
+) -> subprocess.CompletedProcess:
+    """Run the program on TASK; what it printed, as chapter 5 prints it (see helpers.chapter_output)."""
     provider.script(*replies)
-    return run_agent(CHAPTER, TASK, provider=provider, cwd=workdir, **env)
+    return chapter_output(chapter, run_agent(chapter, TASK, provider=provider, cwd=workdir, **env))
 
 
 def assert_success(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
-
-
-def summary(stderr: str) -> tuple[str, ...]:
-    """The closing status line: the last line of stderr, after a blank line."""
-    lines = stderr.splitlines()
-    assert len(lines) >= 2, stderr
-    match = SUMMARY.match(lines[-1])
-    assert match, stderr
-    assert lines[-2] == "", f"no blank line before the summary:\n{stderr}"
-    return match.groups()
-
-
-def round_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("[round ")]
-
-
-def tool_messages(request: dict) -> list[dict]:
-    return [m for m in request["messages"] if m["role"] == "tool"]
 
 
 def assistant_call(call_id: str, name: str, arguments: str) -> dict:
@@ -57,10 +43,12 @@ def assistant_call(call_id: str, name: str, arguments: str) -> dict:
 # ---------------------------------------------------------------- the loop
 
 
-def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("buy milk\nwater the plants\n", encoding="utf-8")
     call_id = "call_00_JQSxFX1xOHGH6ajdpN88RMXO"
     result = run(
+        chapter,
         provider,
         workdir,
         tool_call("read_file", {"path": "notes.txt"}, call_id=call_id, prompt_tokens=99),
@@ -69,7 +57,8 @@ def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path) ->
     assert_success(result)
     assert result.stdout == "The notes say: buy milk.\n"
     assert round_lines(result.stderr) == ['[round 1] read_file({"path": "notes.txt"})']
-    assert summary(result.stderr) == ("2", "1234", "stop")
+    found = summary(chapter, result.stderr)
+    assert (found.rounds, found.tokens, found.finish) == ("2", "1234", "stop")
 
     requests = provider.chat_requests
     assert len(requests) == 2
@@ -77,13 +66,13 @@ def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path) ->
         assert request["model"] == "test-model"
         assert request["max_tokens"] == 4096
         assert request["stream"] is True
-        assert [tool["function"]["name"] for tool in request["tools"]] == ["read_file"]
-        assert request["tools"][0]["type"] == "function"
-        assert request["tools"][0]["function"]["parameters"]["required"] == ["path"]
-        assert all(message["role"] != "system" for message in request["messages"])
+        tools = {tool["function"]["name"]: tool for tool in request["tools"]}
+        assert list(tools)[:1] == ["read_file"] and (chapter != CHAPTER or len(tools) == 1), list(tools)
+        assert tools["read_file"]["type"] == "function"
+        assert tools["read_file"]["function"]["parameters"]["required"] == ["path"]
     user = {"role": "user", "content": TASK}
-    assert requests[0]["messages"] == [user]
-    assert requests[1]["messages"] == [
+    assert conversation(chapter, requests[0]["messages"]) == [user]
+    assert conversation(chapter, requests[1]["messages"]) == [
         user,
         {
             "role": "assistant",
@@ -94,13 +83,17 @@ def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path) ->
     ]
 
 
-def test_kimi_usage_inside_the_choice_does_not_break_the_run(provider: FakeProvider, workdir: Path) -> None:
-    # Kimi puts usage inside choices[0] of the finish chunk; the SDK then
-    # leaves chunk.usage empty (protocol.md §3.2). The agent reads only the
-    # standard place, so the summary says "?" (documented in the README).
+@both
+def test_kimi_usage_inside_the_choice_does_not_break_the_run(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    # Kimi puts usage inside choices[0] of the finish chunk, where the SDK does
+    # not look, so chunk.usage stays empty. The agent reads only the standard
+    # place, so the summary says "?" (documented in the README).
     usage_style = "kimi"
     (workdir / "notes.txt").write_text("hi", encoding="utf-8")
     result = run(
+        chapter,
         provider,
         workdir,
         tool_call("read_file", {"path": "notes.txt"}, prompt_tokens=99, usage_style=usage_style),
@@ -108,9 +101,11 @@ def test_kimi_usage_inside_the_choice_does_not_break_the_run(provider: FakeProvi
     )
     assert_success(result)
     assert result.stdout == "It says hi.\n"
-    assert summary(result.stderr) == ("2", "?", "stop")
+    found = summary(chapter, result.stderr)
+    assert (found.rounds, found.tokens, found.finish) == ("2", "?", "stop")
 
 
+@both
 @pytest.mark.parametrize(
     "style, finish, usage_style",
     [
@@ -122,7 +117,7 @@ def test_kimi_usage_inside_the_choice_does_not_break_the_run(provider: FakeProvi
     ],
 )
 def test_parallel_tool_calls_answered_in_order(
-    provider: FakeProvider, workdir: Path, style: str, finish: str, usage_style: str
+    provider: FakeProvider, workdir: Path, chapter: int | str, style: str, finish: str, usage_style: str
 ) -> None:
     (workdir / "a.txt").write_text("alpha", encoding="utf-8")
     (workdir / "b.txt").write_text("beta", encoding="utf-8")
@@ -130,6 +125,7 @@ def test_parallel_tool_calls_answered_in_order(
     raw = ['{ "path" : "a.txt" }', '{"path":"b.txt"}', '{"path": "nope.txt"}']
     ids = ["call_00_first", "call_01_second", "call_02_third"]
     result = run(
+        chapter,
         provider,
         workdir,
         tool_calls(
@@ -145,9 +141,10 @@ def test_parallel_tool_calls_answered_in_order(
     assert_success(result)
     assert result.stdout == "Done.\n"
     assert round_lines(result.stderr) == [f"[round 1] read_file({args})" for args in raw]
-    assert summary(result.stderr) == ("2", "77", "stop")
+    found = summary(chapter, result.stderr)
+    assert (found.rounds, found.tokens, found.finish) == ("2", "77", "stop")
 
-    messages = provider.chat_requests[1]["messages"]
+    messages = conversation(chapter, provider.chat_requests[1]["messages"])
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "tool"]
     assert messages[1] == {
         "role": "assistant",
@@ -160,9 +157,11 @@ def test_parallel_tool_calls_answered_in_order(
     assert messages[4]["content"].startswith("error: ") and "nope.txt" in messages[4]["content"]
 
 
-def test_text_before_tool_calls_is_shown_and_kept(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_text_before_tool_calls_is_shown_and_kept(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("hi there", encoding="utf-8")
     result = run(
+        chapter,
         provider,
         workdir,
         tool_call("read_file", {"path": "notes.txt"}, call_id="call_1", content="Let me look at the file."),
@@ -170,7 +169,7 @@ def test_text_before_tool_calls_is_shown_and_kept(provider: FakeProvider, workdi
     )
     assert_success(result)
     assert result.stdout == "Let me look at the file.\nIt says hi there.\n"
-    messages = provider.chat_requests[1]["messages"]
+    messages = conversation(chapter, provider.chat_requests[1]["messages"])
     assert messages[1] == {
         "role": "assistant",
         "content": "Let me look at the file.",
@@ -186,7 +185,8 @@ ARGUMENT_ERRORS = [
     ("read_file", '{"path": ', "JSON"),  # invalid JSON
     ("read_file", "[1]", "object"),  # JSON, not an object
     ("read_file", '"x"', "object"),
-    ("write_file", '{"path": "notes.txt"}', "write_file"),  # unknown tool
+    ("write_file", '{"path": "notes.txt"}', "write_file"),  # unknown in chapter 5; agent.py: no content
+    ("delete_file", '{"path": "notes.txt"}', "delete_file"),  # unknown everywhere
     ("read_file", '{"path": "missing.txt"}', "missing.txt"),
     ("read_file", '{"path": "subdir"}', "subdir"),  # a directory
     ("read_file", "{}", "path"),  # no path
@@ -194,18 +194,19 @@ ARGUMENT_ERRORS = [
 ]
 
 
-def test_tool_errors_go_back_to_the_model(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_tool_errors_go_back_to_the_model(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("secret", encoding="utf-8")
     (workdir / "subdir").mkdir()
     calls = [(name, raw) for name, raw, _ in ARGUMENT_ERRORS]
-    result = run(provider, workdir, tool_calls(calls), text("Noted."))
+    result = run(chapter, provider, workdir, tool_calls(calls), text("Noted."))
     assert_success(result)
     assert result.stdout == "Noted.\n"
     assert round_lines(result.stderr) == [f"[round 1] {name}({raw})" for name, raw in calls]
-    assert summary(result.stderr)[0] == "2"
+    assert summary(chapter, result.stderr).rounds == "2"
     requests = provider.chat_requests
     assert len(requests) == 2
-    ids = [call["id"] for call in requests[1]["messages"][1]["tool_calls"]]
+    ids = [call["id"] for call in conversation(chapter, requests[1]["messages"])[1]["tool_calls"]]
     tools = tool_messages(requests[1])
     assert [tool["tool_call_id"] for tool in tools] == ids
     for (name, raw, needle), tool in zip(ARGUMENT_ERRORS, tools, strict=True):
@@ -215,10 +216,11 @@ def test_tool_errors_go_back_to_the_model(provider: FakeProvider, workdir: Path)
     assert len({tool["content"] for tool in tools[:4]}) == 3  # the two non-objects may share a message
 
 
-def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     # JSON allows "\u0000"; open() then raises ValueError, not OSError.
     raw = '{"path": "bad\\u0000name.txt"}'
-    result = run(provider, workdir, tool_call("read_file", raw, call_id="call_nul"), text("Noted."))
+    result = run(chapter, provider, workdir, tool_call("read_file", raw, call_id="call_nul"), text("Noted."))
     assert_success(result)
     assert result.stdout == "Noted.\n"
     [tool] = tool_messages(provider.chat_requests[1])
@@ -226,10 +228,12 @@ def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Pa
     assert tool["content"].startswith("error: "), tool
 
 
-def test_non_utf8_file_is_decoded_with_replacement(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_non_utf8_file_is_decoded_with_replacement(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "latin1.txt").write_bytes(b"\xff\xfe abc\ncaf\xe9\n")
     (workdir / "utf8.txt").write_bytes("héllo 你好\n".encode())
     result = run(
+        chapter,
         provider,
         workdir,
         tool_calls([("read_file", {"path": "latin1.txt"}), ("read_file", {"path": "utf8.txt"})]),
@@ -241,27 +245,32 @@ def test_non_utf8_file_is_decoded_with_replacement(provider: FakeProvider, workd
     assert contents == ["\ufffd\ufffd abc\ncaf\ufffd\n", "héllo 你好\n"]
 
 
-def test_stops_after_ten_rounds(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_stops_after_ten_rounds(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("again", encoding="utf-8")
     loop = [tool_call("read_file", {"path": "notes.txt"}) for _ in range(10)]
     # An eleventh reply is scripted so that an eleventh request would succeed
     # (and be counted) instead of failing on an empty script.
-    result = run(provider, workdir, *loop, text("never asked for"))
+    result = run(chapter, provider, workdir, *loop, text("never asked for"))
     assert_clean_failure(result, "stopped: reached the 10-round limit")
     assert result.stdout == ""
     assert len(provider.chat_requests) == 10
     assert provider.remaining == 1
     assert round_lines(result.stderr) == [f'[round {n}] read_file({{"path": "notes.txt"}})' for n in range(1, 11)]
-    assert not SUMMARY.search(result.stderr)
+    assert not has_summary(result.stderr)
     # Every round's result went back: the tenth request holds nine answered calls.
     assert [m["content"] for m in tool_messages(provider.chat_requests[9])] == ["again"] * 9
 
 
-def test_deepseek_thinking_mode_gets_its_reasoning_back(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_deepseek_thinking_mode_gets_its_reasoning_back(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     provider.thinking = True  # a tool-call turn without reasoning_content is a 400
     (workdir / "notes.txt").write_text("hello", encoding="utf-8")
     reasoning = "The user wants the notes. I should read notes.txt."
     result = run(
+        chapter,
         provider,
         workdir,
         tool_call("read_file", {"path": "notes.txt"}, call_id="call_t", reasoning=reasoning),
@@ -270,7 +279,7 @@ def test_deepseek_thinking_mode_gets_its_reasoning_back(provider: FakeProvider, 
     assert_success(result)
     assert result.stdout == "The notes say hello.\n"
     assert "I should read" not in result.stdout
-    assistant = provider.chat_requests[1]["messages"][1]
+    assistant = conversation(chapter, provider.chat_requests[1]["messages"])[1]
     assert assistant["role"] == "assistant"
     assert assistant["reasoning_content"] == reasoning
     assert assistant["tool_calls"] == [assistant_call("call_t", "read_file", '{"path": "notes.txt"}')]
@@ -294,8 +303,8 @@ def test_missing_task_prints_usage(provider: FakeProvider, workdir: Path, args: 
 )
 def test_missing_configuration_prints_a_guide(provider: FakeProvider, workdir: Path, env: dict) -> None:
     result = run_agent(CHAPTER, TASK, provider=provider, cwd=workdir, **env)
-    # DESIGN.md: a short guide (what to set, a DeepSeek and an Ollama example),
-    # so several lines; the first one is the error.
+    # A short guide (what to set, a DeepSeek and an Ollama example), so
+    # several lines; the first one is the error.
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stdout == ""
@@ -317,7 +326,7 @@ def test_missing_configuration_prints_a_guide(provider: FakeProvider, workdir: P
     ],
 )
 def test_http_errors_are_one_clear_line(provider: FakeProvider, workdir: Path, status: int, needles: list[str]) -> None:
-    result = run(provider, workdir, error(status))
+    result = run(CHAPTER, provider, workdir, error(status))
     assert_clean_failure(result, f"HTTP {status}", *needles)
     assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
     assert result.stdout == ""
@@ -325,9 +334,10 @@ def test_http_errors_are_one_clear_line(provider: FakeProvider, workdir: Path, s
     assert len(provider.chat_requests) == 1
 
 
-def test_http_error_after_a_tool_round(provider: FakeProvider, workdir: Path) -> None:
+@both
+def test_http_error_after_a_tool_round(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("hello", encoding="utf-8")
-    result = run(provider, workdir, tool_call("read_file", {"path": "notes.txt"}), error(500))
+    result = run(chapter, provider, workdir, tool_call("read_file", {"path": "notes.txt"}), error(500))
     assert_clean_failure(result, "HTTP 500", "Server Error")
     assert round_lines(result.stderr) == ['[round 1] read_file({"path": "notes.txt"})']
     assert result.stdout == ""
@@ -336,10 +346,7 @@ def test_http_error_after_a_tool_round(provider: FakeProvider, workdir: Path) ->
 
 
 def test_connection_refused(workdir: Path) -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago: nobody listens there
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    base_url = f"http://127.0.0.1:{port}/v1"
+    base_url = f"http://127.0.0.1:{free_port()}/v1"
     result = run_agent(CHAPTER, TASK, provider=None, cwd=workdir, OPENAI_BASE_URL=base_url)
     assert_clean_failure(result, base_url, "OPENAI_BASE_URL")
     assert result.stdout == ""
@@ -349,20 +356,21 @@ def test_connection_refused(workdir: Path) -> None:
 def test_text_stream_cut_halfway(provider: FakeProvider, workdir: Path, cut_mode: str) -> None:
     answer = "The notes say many things about milk."
     # Events: role, five text pieces, finish. Cut after the role and two pieces.
-    result = run(provider, workdir, text(answer, pieces=5, cut_after=3, cut_mode=cut_mode))
+    result = run(CHAPTER, provider, workdir, text(answer, pieces=5, cut_after=3, cut_mode=cut_mode))
     assert_clean_failure(result)
     assert result.stdout.strip() and answer.startswith(result.stdout.strip())
     assert result.stdout.strip() != answer
-    assert not SUMMARY.search(result.stderr)
+    assert not has_summary(result.stderr)
     assert len(provider.chat_requests) == 1
 
 
+@both
 @pytest.mark.parametrize("cut_mode", ["broken", "close"])
-def test_tool_call_stream_cut_halfway(provider: FakeProvider, workdir: Path, cut_mode: str) -> None:
+def test_tool_call_stream_cut_halfway(provider: FakeProvider, workdir: Path, chapter: int | str, cut_mode: str) -> None:
     (workdir / "notes.txt").write_text("hello", encoding="utf-8")
     # Events: role, first fragment, three argument pieces, finish. Cut inside the arguments.
     reply = tool_call("read_file", {"path": "notes.txt"}, cut_after=3, cut_mode=cut_mode)
-    result = run(provider, workdir, reply, text("never asked for"))
+    result = run(chapter, provider, workdir, reply, text("never asked for"))
     assert_clean_failure(result)
     assert round_lines(result.stderr) == []  # a half-received call is not run
     assert len(provider.chat_requests) == 1
@@ -370,13 +378,13 @@ def test_tool_call_stream_cut_halfway(provider: FakeProvider, workdir: Path, cut
 
 
 def test_stream_without_finish_reason_is_a_failure(provider: FakeProvider, workdir: Path) -> None:
-    result = run(provider, workdir, text("An answer that never says it is done", finish=None))
+    result = run(CHAPTER, provider, workdir, text("An answer that never says it is done", finish=None))
     assert_clean_failure(result)
-    assert not SUMMARY.search(result.stderr)
+    assert not has_summary(result.stderr)
     assert len(provider.chat_requests) == 1
 
 
 def test_error_event_mid_stream(provider: FakeProvider, workdir: Path) -> None:
-    result = run(provider, workdir, text("Hello there, friend", error_after=2))
+    result = run(CHAPTER, provider, workdir, text("Hello there, friend", error_after=2))
     assert_clean_failure(result, "stream interrupted by the fake provider")
-    assert not SUMMARY.search(result.stderr)
+    assert not has_summary(result.stderr)

@@ -1,0 +1,429 @@
+"""Helpers shared by the test files: one home for each, so the files cannot drift apart.
+
+- chapters: which chapter introduced what (`since`), and views of a run that
+  hide the lines agent.py adds (`chapter_output`, `conversation`, `project_files`);
+- scripting the fake provider (`calls`, `bash_calls`) and reading what it got (`results`);
+- what the user sees (`stderr_lines`, `status_line`, `summary`, `round_lines`, `hint`);
+- processes (`Live`, `alive`, `live_processes`, `free_port`);
+- session files, written by hand and read back independently of the agent
+  (`session_bytes`, `put_session`, `disk_messages`, `snapshot`), and comparing a
+  request with a stored history (`shape`, `assert_sent`).
+
+Fixtures and the subprocess runners themselves live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from conftest import start_agent
+from fake_provider import FakeProvider, Reply, sequence_error, tool_calls
+
+# ---------------------------------------------------------------- chapters
+
+
+def since(chapter: int | str, introduced: int) -> bool:
+    """Does this program have what chapter `introduced` added? agent.py ("final") has everything."""
+    return chapter == "final" or int(chapter) >= introduced
+
+
+SESSION_ID_SHAPE = r"\d{8}-\d{6}-[0-9a-f]{8}"
+NEW_SESSION = re.compile(rf"\[new session ({SESSION_ID_SHAPE})\]\n")
+
+
+def hint(session_id: str) -> str:
+    """The resume hint a session run prints last (chapter 11 and agent.py)."""
+    return f"[session {session_id} — continue with: -c {session_id}]"
+
+
+def new_session_id(stderr: str) -> str:
+    match = re.search(rf"\[new session ({SESSION_ID_SHAPE})\]", stderr)
+    assert match, stderr
+    return match.group(1)
+
+
+def chapter_output(chapter: int | str, result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """The run as a chapter before 11 prints it. A session program starts stderr with
+    `[new session ID]` and ends it with the resume hint for that same ID: both are
+    checked here and cut off, and every other byte is left for the chapter's own checks."""
+    if not since(chapter, 11):
+        return result
+    match = NEW_SESSION.match(result.stderr)
+    assert match, f"no [new session ID] line first:\n{result.stderr}"
+    closing = hint(match.group(1)) + "\n"
+    assert result.stderr.endswith(closing), f"no resume hint last:\n{result.stderr}"
+    middle = result.stderr[match.end() : len(result.stderr) - len(closing)]
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout, middle)
+
+
+def conversation(chapter: int | str, messages: list[dict]) -> list[dict]:
+    """A request's messages without the system prompt chapter 8 puts first (checked to be
+    there, once); before chapter 8 there must be no system message at all."""
+    if since(chapter, 8):
+        assert messages and messages[0]["role"] == "system" and messages[0]["content"], messages[:1]
+        messages = messages[1:]
+    assert all(m["role"] != "system" for m in messages), messages
+    return messages
+
+
+def project_files(chapter: int | str, directory: Path) -> list[str]:
+    """Names in a directory, without the .sessions/ that a session program keeps there."""
+    return sorted(p.name for p in directory.iterdir() if not (since(chapter, 11) and p.name == ".sessions"))
+
+
+# ---------------------------------------------------------------- scripting the fake provider
+
+
+def calls(*specs: tuple[str, str, dict | str], **kw: Any) -> Reply:
+    """Parallel tool calls with ids chosen by the test: (id, name, arguments)."""
+    return tool_calls([(name, args) for _, name, args in specs], ids=[cid for cid, _, _ in specs], **kw)
+
+
+def bash_calls(**commands: str | dict) -> Reply:
+    """One round of bash calls, keyed by call id: a command string, or the full arguments."""
+    return calls(
+        *[(cid, "bash", spec if isinstance(spec, dict) else {"command": spec}) for cid, spec in commands.items()]
+    )
+
+
+def tool_messages(request: dict) -> list[dict]:
+    return [m for m in request["messages"] if m["role"] == "tool"]
+
+
+def results(provider: FakeProvider) -> dict[str, str]:
+    """Every tool result the model received, by tool_call_id (from the last request)."""
+    return {m["tool_call_id"]: m["content"] for m in tool_messages(provider.chat_requests[-1])}
+
+
+# ---------------------------------------------------------------- what the user sees
+
+
+def stderr_lines(stderr: str) -> list[str]:
+    """The non-blank lines of a stderr text."""
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def status_line(prompt: int = 11, completion: int = 7, finish: str = "stop", key: str = "finish_reason") -> str:
+    """Chapters 1-4: the status line after an answer."""
+    return f"[input {prompt} tokens · output {completion} tokens · {key}={finish}]"
+
+
+SUMMARY = re.compile(r"^\[(\d+) rounds · last round input (\S+) tokens · finish_reason=(\w+)\]$")
+SUMMARY_CACHED = re.compile(
+    r"^\[(\d+) rounds · last round input (\S+) tokens \((\S+) cached\) · finish_reason=(\w+)\]$"
+)
+ROUND_USAGE = re.compile(r"^\[round (\d+) input (\S+) tokens, (\S+) cached\]$", re.MULTILINE)
+
+
+class Summary(NamedTuple):
+    rounds: str
+    tokens: str  # the last round's input tokens, or "?"
+    cached: str | None  # chapter 8 on; None before
+    finish: str
+
+
+def summary(chapter: int | str, stderr: str) -> Summary:
+    """The closing line of a one-shot run (chapter 5 on), the last of stderr after a blank line."""
+    lines = stderr.splitlines()
+    assert len(lines) >= 2, stderr
+    assert lines[-2] == "", f"no blank line before the summary:\n{stderr}"
+    if since(chapter, 8):
+        match = SUMMARY_CACHED.match(lines[-1])
+        assert match, stderr
+        return Summary(*match.groups())
+    match = SUMMARY.match(lines[-1])
+    assert match, stderr
+    rounds, tokens, finish = match.groups()
+    return Summary(rounds, tokens, None, finish)
+
+
+def has_summary(stderr: str) -> bool:
+    return any(pattern.match(line) for line in stderr.splitlines() for pattern in (SUMMARY, SUMMARY_CACHED))
+
+
+def round_lines(stderr: str) -> list[str]:
+    """The `[round N] tool(arguments)` lines: one per tool call run."""
+    return [line for line in stderr.splitlines() if re.match(r"\[round \d+\] ", line)]
+
+
+def assert_ok(result: subprocess.CompletedProcess, stdout: str | None = None) -> None:
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    if stdout is not None:
+        assert result.stdout == stdout, (result.stdout, result.stderr)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, *needles: str) -> None:
+    """A clean failure: exit 1, no traceback, nothing on stdout, stderr exactly one line `error: ...`."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert result.stdout == "", result.stdout
+
+
+def assert_setup_guide(result: subprocess.CompletedProcess, secret: str | None = None) -> None:
+    """Missing configuration: exit 1 and the short guide (what to set, a DeepSeek and an Ollama example)."""
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: OPENAI_API_KEY and MODEL must be set"), result.stderr
+    for needle in ("DeepSeek", "api.deepseek.com", "Ollama", "localhost:11434"):
+        assert needle in result.stderr, (needle, result.stderr)
+    if secret:
+        assert secret not in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------- sockets and processes
+
+
+def free_port() -> int:
+    """A port nothing listens on: bind to get one, then close it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """Is pid a running process (not gone, not a zombie)?"""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_dead(pid: int, timeout: float = 5) -> bool:
+    """SIGKILL is delivered at once, but a dying process may show for a moment: poll briefly."""
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def live_processes(argv: list[str]) -> list[int]:
+    """Pids of processes running exactly argv that are not zombies."""
+    wanted = [arg.encode() for arg in argv]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue  # gone meanwhile
+        if cmdline == wanted and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_quietly(pid: int | None) -> None:
+    """Stop a process a test left behind (only ever a pid the test itself learned)."""
+    if pid is not None and alive(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Live:
+    """A program running as a subprocess, its stdout and stderr readable while it runs.
+    Every wait is bounded; used as a context manager, it is killed if a test fails early."""
+
+    def __init__(
+        self, chapter: int | str, *args: str, provider: FakeProvider | None, cwd: Path, stdin: bytes = b"", **env: str
+    ) -> None:
+        self.proc = start_agent(chapter, *args, provider=provider, cwd=cwd, **env)
+        self.out = b""
+        self.err = b""
+        if stdin:
+            self.write(stdin)
+
+    def __enter__(self) -> Live:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=30)
+
+    def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def wait_stderr(self, needle: str, count: int = 1, timeout: float = 30) -> None:
+        """Read stderr until needle has appeared `count` times in all."""
+        self.err = self._wait(self.proc.stderr, self.err, needle.encode(), count, timeout)
+
+    def wait_stdout(self, needle: str, count: int = 1, timeout: float = 30) -> None:
+        self.out = self._wait(self.proc.stdout, self.out, needle.encode(), count, timeout)
+
+    @staticmethod
+    def _wait(pipe: Any, seen: bytes, needle: bytes, count: int, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        while seen.count(needle) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{needle!r} never appeared: {seen.decode(errors='replace')}")
+            if select.select([pipe.fileno()], [], [], left)[0]:
+                chunk = os.read(pipe.fileno(), 65536)
+                if not chunk:
+                    raise AssertionError(f"the program exited before printing {needle!r}: {seen.decode()}")
+                seen += chunk
+        return seen
+
+    def signal(self, number: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(number)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
+        """Wait for the exit (killing it after `timeout`); (exit code, all of stdout, all of stderr)."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate(timeout=30)
+        return self.proc.returncode, (self.out + out).decode(), (self.err + err).decode()
+
+    def completed(self, timeout: float = 60) -> subprocess.CompletedProcess:
+        """finish(), as run_agent would have returned it."""
+        code, out, err = self.finish(timeout)
+        return subprocess.CompletedProcess(self.proc.args, code, out, err)
+
+
+# ---------------------------------------------------------------- session files, by hand
+
+SESSION_ID = "20260801-090720-56492195"
+
+
+def header_line(session_id: str = SESSION_ID) -> bytes:
+    meta = {"type": "meta", "id": session_id, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
+    return json.dumps(meta).encode() + b"\n"
+
+
+def message_line(message: Any, compact: bool = False, **extra: Any) -> bytes:
+    """One message record as the documented format has it: one line of JSON."""
+    record = {"type": "message", "message": message, **extra}
+    separators = (",", ":") if compact else None
+    return json.dumps(record, ensure_ascii=False, separators=separators).encode() + b"\n"
+
+
+def session_bytes(*messages: dict, session_id: str = SESSION_ID) -> bytes:
+    return header_line(session_id) + b"".join(message_line(m) for m in messages)
+
+
+def put_session(workdir: Path, data: bytes, session_id: str = SESSION_ID) -> Path:
+    """Write a session file into workdir/.sessions (created 0700), mode 0600."""
+    sessions = workdir / ".sessions"
+    sessions.mkdir(mode=0o700, exist_ok=True)
+    path = sessions / f"{session_id}.jsonl"
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+def complete_lines(data: bytes) -> tuple[list[dict], bytes]:
+    """The records of every newline-terminated line, and the torn tail after the last newline."""
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].split(b"\n")[:-1]], data[end:]
+
+
+def disk_messages(path: Path) -> list[dict]:
+    """Messages on disk, parsed independently of the agent; the file must be whole lines with a header."""
+    records, torn = complete_lines(path.read_bytes())
+    assert torn == b"", f"torn tail on disk: {torn[:80]!r}"
+    assert records and records[0]["type"] == "meta" and records[0]["id"] == path.stem, records[:1]
+    assert all(r["type"] == "message" and set(r) == {"type", "message"} for r in records[1:]), records
+    return [r["message"] for r in records[1:]]
+
+
+def snapshot(root: Path) -> dict[str, tuple[str, int, bytes | None]]:
+    """Every path under root: kind, mode and bytes, to prove that nothing changed."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            out[name] = ("link", info.st_mode, os.readlink(path).encode())
+        elif path.is_dir():
+            out[name] = ("dir", info.st_mode, None)
+        else:
+            try:
+                data = path.read_bytes()
+            except OSError:
+                data = None
+            out[name] = ("file", info.st_mode, data)
+    return out
+
+
+# ---------------------------------------------------------------- comparing a request with a history
+
+
+def shape(message: dict) -> tuple:
+    """What identifies a message in a history; a tool result by the call it answers."""
+    call_ids = tuple(call["id"] for call in message.get("tool_calls") or [])
+    content = "<result>" if message["role"] == "tool" else message.get("content")
+    return message["role"], content, message.get("tool_call_id"), call_ids
+
+
+def round_shapes(*replies: Reply) -> list[tuple]:
+    """The shapes that completed tool rounds leave on disk: each call, then its results."""
+    out = []
+    for reply in replies:
+        out.append(("assistant", reply.content, None, tuple(c[0] for c in reply.tool_calls)))
+        out += [("tool", "<result>", c[0], ()) for c in reply.tool_calls]
+    return out
+
+
+def synthetic(message: dict, stored: list[dict]) -> bool:
+    """A tool result the agent made up for a call the file leaves unanswered (it reports a failure)."""
+    if message["role"] != "tool" or any(m["role"] == "tool" and m == message for m in stored):
+        return False
+    assert message["content"].startswith("error:"), message
+    return True
+
+
+def assert_sent(messages: list[dict], stored: list[dict]) -> None:
+    """What a request carried: valid for the provider, and exactly the stored history
+    (plus a system prompt if the file had none, plus a synthetic result per unanswered call)."""
+    assert sequence_error(messages) is None, (sequence_error(messages), messages)
+    assert messages[0]["role"] == "system"
+    if not stored or stored[0]["role"] != "system":
+        messages = messages[1:]
+    real = [m for m in messages if not synthetic(m, stored)]
+    assert [shape(m) for m in real] == [shape(m) for m in stored]
+    # Count the calls the file leaves unanswered, independently of the agent.
+    unanswered = 0
+    for i, message in enumerate(stored):
+        ids = [call["id"] for call in message.get("tool_calls") or []]
+        following = set()
+        for later in stored[i + 1 :]:
+            if later["role"] != "tool":
+                break
+            following.add(later.get("tool_call_id"))
+        unanswered += len([call_id for call_id in ids if call_id not in following])
+    assert len(messages) - len(real) == unanswered
+
+
+def assert_batches_whole(messages: list[dict]) -> None:
+    """On disk, every tool-call message is directly followed by all of its results."""
+    for i, message in enumerate(messages):
+        ids = [call["id"] for call in message.get("tool_calls") or []]
+        if ids:
+            after = [m.get("tool_call_id") if m["role"] == "tool" else None for m in messages[i + 1 : i + 1 + len(ids)]]
+            assert after == ids, f"message {i} calls {ids} but is followed by {after}"
