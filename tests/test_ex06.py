@@ -1,8 +1,9 @@
 """Chapter 6: the tool registry (read_file, write_file, edit_file; read-before-write).
 
 The real exercises/ex06/agent.py runs as a subprocess against the fake
-provider. The tests check the tool results that reached the server, the files
-on disk, and what the user sees.
+provider, and so does agent.py ("final"), which inherits the registry. The
+tests check the tool results that reached the server, the files on disk, and
+what the user sees.
 """
 
 from __future__ import annotations
@@ -11,30 +12,21 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import run_agent, start_agent
-from fake_provider import FakeProvider, Reply, text, tool_call, tool_calls
+import pytest
 
-CHAPTER = 6
+from conftest import run_agent
+from fake_provider import FakeProvider, Reply, text, tool_call
+from helpers import Live, assert_ok, calls, project_files, results, since
+
+pytestmark = pytest.mark.parametrize("chapter", [6, "final"])
 TASK = "Update the files."
 
 
-def run(provider: FakeProvider, workdir: Path, *replies: Reply) -> subprocess.CompletedProcess:
+def run(chapter: int | str, provider: FakeProvider, workdir: Path, *replies: Reply) -> subprocess.CompletedProcess:
     provider.script(*replies)
-    result = run_agent(CHAPTER, TASK, provider=provider, cwd=workdir)
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == "Done.\n"
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir)
+    assert_ok(result, stdout="Done.\n")
     return result
-
-
-def calls(*specs: tuple[str, str, dict | str], **kw) -> Reply:
-    """Parallel tool calls with ids chosen by the test: (id, name, arguments)."""
-    return tool_calls([(name, args) for _, name, args in specs], ids=[cid for cid, _, _ in specs], **kw)
-
-
-def results(provider: FakeProvider) -> dict[str, str]:
-    """Every tool result the model received, by tool_call_id (from the last request)."""
-    return {m["tool_call_id"]: m["content"] for m in provider.chat_requests[-1]["messages"] if m["role"] == "tool"}
 
 
 def is_error(result: str) -> bool:
@@ -44,8 +36,9 @@ def is_error(result: str) -> bool:
 # ---------------------------------------------------------------- tools declared, new files
 
 
-def test_tools_declared_and_new_files_need_no_read(provider: FakeProvider, workdir: Path) -> None:
+def test_tools_declared_and_new_files_need_no_read(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -61,11 +54,14 @@ def test_tools_declared_and_new_files_need_no_read(provider: FakeProvider, workd
     )
     tools = provider.chat_requests[0]["tools"]
     declared = {tool["function"]["name"]: tool["function"]["parameters"]["required"] for tool in tools}
-    assert declared == {
+    expected = {
         "read_file": ["path"],
         "write_file": ["path", "content"],
         "edit_file": ["path", "old_string", "new_string"],
     }
+    if since(chapter, 7):
+        expected["bash"] = ["command"]
+    assert declared == expected
     assert all(request["tools"] == tools for request in provider.chat_requests)
     got = results(provider)
     assert not any(is_error(result) for result in got.values()), got
@@ -73,7 +69,7 @@ def test_tools_declared_and_new_files_need_no_read(provider: FakeProvider, workd
     assert (workdir / "top.txt").read_bytes() == b"second\n"
 
 
-def test_write_file_reports_utf8_bytes(provider: FakeProvider, workdir: Path) -> None:
+def test_write_file_reports_utf8_bytes(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     contents = {
         "e.txt": ("héllo", 6),
         "zh.txt": ("你好", 6),
@@ -82,6 +78,7 @@ def test_write_file_reports_utf8_bytes(provider: FakeProvider, workdir: Path) ->
         "empty.txt": ("", 0),
     }
     run(
+        chapter,
         provider,
         workdir,
         calls(*[(name, "write_file", {"path": name, "content": c}) for name, (c, _) in contents.items()]),
@@ -97,7 +94,9 @@ def test_write_file_reports_utf8_bytes(provider: FakeProvider, workdir: Path) ->
 # ---------------------------------------------------------------- read before write
 
 
-def test_an_unread_file_cannot_be_changed_until_it_is_read(provider: FakeProvider, workdir: Path) -> None:
+def test_an_unread_file_cannot_be_changed_until_it_is_read(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     target = workdir / "list.txt"
     original = b"eggs\nbread\n"
     target.write_bytes(original)
@@ -112,19 +111,13 @@ def test_an_unread_file_cannot_be_changed_until_it_is_read(provider: FakeProvide
         calls(("e2", "edit_file", {"path": "list.txt", "old_string": "bread\n", "new_string": "bread\nmilk\n"})),
         text("Done."),
     )
-    agent = start_agent(CHAPTER, TASK, provider=provider, cwd=workdir)
-    try:
-        provider.wait_paused()
-        assert target.read_bytes() == original  # both refused calls left the file alone
-        provider.release()
-        stdout, stderr = (s.decode() for s in agent.communicate(timeout=60))
-    finally:
-        provider.release()
-        if agent.poll() is None:
-            agent.kill()
-            agent.communicate()
-    assert agent.returncode == 0, (stdout, stderr)
-    assert "Traceback" not in stderr and stdout == "Done.\n"
+    with Live(chapter, TASK, provider=provider, cwd=workdir) as agent:
+        try:
+            provider.wait_paused()
+            assert target.read_bytes() == original  # both refused calls left the file alone
+        finally:
+            provider.release()
+        assert_ok(agent.completed(), stdout="Done.\n")
     got = results(provider)
     for refused in ("w1", "e1"):
         assert is_error(got[refused]) and "read it first" in got[refused], got[refused]
@@ -133,7 +126,7 @@ def test_an_unread_file_cannot_be_changed_until_it_is_read(provider: FakeProvide
     assert target.read_bytes() == b"eggs\nbread\nmilk\n"
 
 
-def test_paths_are_compared_normalized(provider: FakeProvider, workdir: Path) -> None:
+def test_paths_are_compared_normalized(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "sub").mkdir()
     names = ["a.txt", "b.txt", "c.txt", "d.txt", "control.txt"]
     for name in names:
@@ -146,6 +139,7 @@ def test_paths_are_compared_normalized(provider: FakeProvider, workdir: Path) ->
         ("d.txt", str(workdir / "d.txt"), "./d.txt"),
     ]
     run(
+        chapter,
         provider,
         workdir,
         calls(*[(f"r_{name}", "read_file", {"path": read}) for name, read, _ in pairs]),
@@ -168,12 +162,15 @@ def test_paths_are_compared_normalized(provider: FakeProvider, workdir: Path) ->
 # ---------------------------------------------------------------- edit_file
 
 
-def test_edit_file_errors_are_distinct_and_change_nothing(provider: FakeProvider, workdir: Path) -> None:
+def test_edit_file_errors_are_distinct_and_change_nothing(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     fruit = b"apple\nbanana\napple pie\ncherry apple\n"
     binary = b"\xff\xfe abc apple\n"
     (workdir / "fruit.txt").write_bytes(fruit)
     (workdir / "latin1.txt").write_bytes(binary)
     run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -203,13 +200,16 @@ def test_edit_file_errors_are_distinct_and_change_nothing(provider: FakeProvider
     assert not (workdir / "nope.txt").exists()
 
 
-def test_edit_file_changes_one_occurrence_and_keeps_every_other_byte(provider: FakeProvider, workdir: Path) -> None:
+def test_edit_file_changes_one_occurrence_and_keeps_every_other_byte(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     plain = b"alpha beta gamma\nbetamax\n"  # "beta " occurs once; "beta" twice
     # A BOM, CRLF endings, a tab, trailing spaces, non-ASCII, no final newline.
     windows = b"\xef\xbb\xbfline one\r\n\tline two  \r\nline three caf\xc3\xa9\r\nlast line"
     (workdir / "plain.txt").write_bytes(plain)
     (workdir / "windows.txt").write_bytes(windows)
     run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -236,7 +236,9 @@ def test_edit_file_changes_one_occurrence_and_keeps_every_other_byte(provider: F
 # ---------------------------------------------------------------- bad arguments
 
 
-def test_bad_arguments_are_errors_and_the_run_continues(provider: FakeProvider, workdir: Path) -> None:
+def test_bad_arguments_are_errors_and_the_run_continues(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     (workdir / "kept.txt").write_text("keep me\n", encoding="utf-8")
     cases = {
         # id: (tool, arguments, a word the error must contain)
@@ -251,6 +253,7 @@ def test_bad_arguments_are_errors_and_the_run_continues(provider: FakeProvider, 
         "unknown": ("delete_file", {"path": "kept.txt"}, "delete_file"),
     }
     result = run(
+        chapter,
         provider,
         workdir,
         calls(*[(key, name, args) for key, (name, args, _) in cases.items()]),
@@ -261,21 +264,23 @@ def test_bad_arguments_are_errors_and_the_run_continues(provider: FakeProvider, 
     got = results(provider)
     for key, (_, _, needle) in cases.items():
         assert is_error(got[key]) and needle in got[key], (key, got[key])
-    assert sorted(p.name for p in workdir.iterdir()) == ["kept.txt"]
+    assert project_files(chapter, workdir) == ["kept.txt"]
     assert (workdir / "kept.txt").read_text(encoding="utf-8") == "keep me\n"
 
 
-def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path) -> None:
+def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     # JSON allows "\u0000"; Path.resolve() and open() then raise ValueError, not OSError.
     raw = '{"path": "bad\\u0000name.txt", "content": "x"}'
-    run(provider, workdir, tool_call("write_file", raw, call_id="nul"), text("Done."))
+    run(chapter, provider, workdir, tool_call("write_file", raw, call_id="nul"), text("Done."))
     assert is_error(results(provider)["nul"])
-    assert list(workdir.iterdir()) == []
+    assert project_files(chapter, workdir) == []
 
 
-def test_lone_surrogate_in_content_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path) -> None:
+def test_lone_surrogate_in_content_is_an_error_not_a_crash(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     # JSON allows a lone "\ud800"; it cannot be encoded as UTF-8.
     raw = '{"path": "s.txt", "content": "a\\ud800b"}'
-    run(provider, workdir, tool_call("write_file", raw, call_id="sur"), text("Done."))
+    run(chapter, provider, workdir, tool_call("write_file", raw, call_id="sur"), text("Done."))
     assert is_error(results(provider)["sur"])
-    assert list(workdir.iterdir()) == []
+    assert project_files(chapter, workdir) == []

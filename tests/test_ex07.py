@@ -1,55 +1,64 @@
 """Chapter 7: bash is a privileged tool.
 
 The real exercises/ex07/agent.py runs as a subprocess against the fake
-provider; the model's bash calls are scripted. The tests check the tool
-results that reached the server, the processes left behind, the agent's
-memory, and the files on disk.
+provider, and so does agent.py ("final"), which inherits the bash tool; the
+model's bash calls are scripted. The tests check the tool results that reached
+the server, the processes left behind, the agent's memory, and the files on
+disk. The default timeout is checked in-process, on a clock that stands in for
+the standard library's inside the loaded program, so 30 seconds of the
+agent's time pass without 30 seconds of waiting.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from conftest import hermetic_env, program, run_agent, start_agent
-from fake_provider import FakeProvider, Reply, text, tool_calls
+import pytest
 
-CHAPTER = 7
+from conftest import hermetic_env, load_program, program, run_agent, wait_for_file
+from fake_provider import FakeProvider, Reply, text
+from helpers import (
+    Live,
+    assert_ok,
+    bash_calls,
+    calls,
+    disk_messages,
+    hint,
+    kill_quietly,
+    live_processes,
+    new_session_id,
+    results,
+    since,
+    stderr_lines,
+    wait_dead,
+)
+
+pytestmark = pytest.mark.parametrize("chapter", [7, "final"])
 TASK = "Run the commands."
 NO_OUTPUT = "(command succeeded with no output)"
 MARKER = re.compile(r"\A\[\.\.\. first (\d+) bytes truncated, showing the end \.\.\.\]\n")
+YES = "y\n" * 40  # chapter 9's gate asks about most of these commands: approve every one
 
 
-def calls(*specs: tuple[str, str, dict | str], **kw) -> Reply:
-    """Parallel tool calls with ids chosen by the test: (id, name, arguments)."""
-    return tool_calls([(name, args) for _, name, args in specs], ids=[cid for cid, _, _ in specs], **kw)
+def stdin_for(chapter: int | str, text_: str = "") -> str:
+    """What the program reads: an approval per prompt once there is a gate, then `text_`."""
+    return (YES if since(chapter, 9) else "") + text_
 
 
-def bash_calls(**commands: str | dict) -> Reply:
-    """One round of bash calls, keyed by call id: a command string, or the full arguments."""
-    return calls(
-        *[(cid, "bash", spec if isinstance(spec, dict) else {"command": spec}) for cid, spec in commands.items()]
-    )
-
-
-def run(provider: FakeProvider, workdir: Path, *replies: Reply, stdin: str | None = None) -> dict[str, str]:
+def run(chapter: int | str, provider: FakeProvider, workdir: Path, *replies: Reply, stdin: str = "") -> dict[str, str]:
     """Run the agent to a "Done." answer; return every tool result the model got, by call id."""
     provider.script(*replies, text("Done."))
-    result = run_agent(CHAPTER, TASK, provider=provider, cwd=workdir, stdin=stdin, timeout=120)
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == "Done.\n"
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter, stdin))
+    assert_ok(result, stdout="Done.\n")
     return results(provider)
-
-
-def results(provider: FakeProvider) -> dict[str, str]:
-    """Every tool result the model received, by tool_call_id (from the last request)."""
-    return {m["tool_call_id"]: m["content"] for m in provider.chat_requests[-1]["messages"] if m["role"] == "tool"}
 
 
 def split_marker(result: str) -> tuple[int, str]:
@@ -62,24 +71,30 @@ def split_marker(result: str) -> tuple[int, str]:
 # ---------------------------------------------------------------- where and how commands run
 
 
-def test_tool_is_declared_with_an_optional_integer_timeout(provider: FakeProvider, workdir: Path) -> None:
-    run(provider, workdir, bash_calls(c1="true"))
+def test_tool_is_declared_with_an_optional_integer_timeout(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    run(chapter, provider, workdir, bash_calls(c1="true"))
     tools = {tool["function"]["name"]: tool["function"] for tool in provider.chat_requests[0]["tools"]}
     assert set(tools) == {"read_file", "write_file", "edit_file", "bash"}
     parameters = tools["bash"]["parameters"]
     assert parameters["required"] == ["command"]
     assert parameters["properties"]["command"]["type"] == "string"
     assert parameters["properties"]["timeout"]["type"] == "integer"
-    # The model is told the limits it must respect.
-    assert "30" in parameters["properties"]["timeout"]["description"]
-    assert "120" in parameters["properties"]["timeout"]["description"]
+    # The model is told the default and the limit it must respect.
+    description = parameters["properties"]["timeout"]["description"]
+    assert re.search(r"\bdefault 30\b", description), description
+    assert "120" in description, description
 
 
-def test_runs_in_the_start_directory_with_stdin_closed(provider: FakeProvider, workdir: Path) -> None:
+def test_runs_in_the_start_directory_with_stdin_closed(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     (workdir / "here.txt").write_text("x", encoding="utf-8")
     (workdir / "sub").mkdir()
     start = os.path.realpath(workdir)
     got = run(
+        chapter,
         provider,
         workdir,
         bash_calls(
@@ -106,8 +121,9 @@ def test_runs_in_the_start_directory_with_stdin_closed(provider: FakeProvider, w
     assert got["combined"] == "out\nerr\nout2\n"
 
 
-def test_exit_status_is_information_not_failure(provider: FakeProvider, workdir: Path) -> None:
+def test_exit_status_is_information_not_failure(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     got = run(
+        chapter,
         provider,
         workdir,
         bash_calls(
@@ -128,11 +144,12 @@ def test_exit_status_is_information_not_failure(provider: FakeProvider, workdir:
     assert not any(result.startswith("error:") for result in got.values()), got
 
 
-def test_bash_walks_past_read_before_write(provider: FakeProvider, workdir: Path) -> None:
+def test_bash_walks_past_read_before_write(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     # The chapter's lesson: the registry's rule binds the file tools only.
     target = workdir / "f.txt"
     target.write_bytes(b"old\n")
     got = run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -148,13 +165,13 @@ def test_bash_walks_past_read_before_write(provider: FakeProvider, workdir: Path
 # ---------------------------------------------------------------- the timeout argument
 
 
-def test_timeout_argument_is_validated(provider: FakeProvider, workdir: Path) -> None:
+def test_timeout_argument_is_validated(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     bad = {"string": "5", "float": 1.5, "bool": True, "zero": 0, "negative": -1}
     good = {"one": 1, "max": 120}
     specs = {key: {"command": f"touch ran_{key}", "timeout": value} for key, value in {**bad, **good}.items()}
     specs["too_long"] = {"command": "touch ran_too_long", "timeout": 121}
     specs["default"] = {"command": "touch ran_default"}
-    got = run(provider, workdir, bash_calls(**specs))
+    got = run(chapter, provider, workdir, bash_calls(**specs))
     for key in bad:
         assert got[key].startswith("error: ") and "timeout" in got[key], (key, got[key])
         assert not (workdir / f"ran_{key}").exists(), key
@@ -166,69 +183,87 @@ def test_timeout_argument_is_validated(provider: FakeProvider, workdir: Path) ->
         assert (workdir / f"ran_{key}").exists(), key
 
 
-def live_processes(argv: list[str]) -> list[int]:
-    """Pids of processes running exactly argv that are not zombies."""
-    wanted = [arg.encode() for arg in argv]
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if cmdline == wanted and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def test_timeout_kills_the_whole_process_group(provider: FakeProvider, workdir: Path) -> None:
+def test_timeout_kills_the_whole_process_group(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     # A duration no other process on the machine uses, to find this run's sleeps.
     duration = f"61.{secrets.randbelow(10**6):06d}"
     command = f"echo started; sleep {duration} & sleep {duration}"
     provider.script(bash_calls(k={"command": command, "timeout": 1}), text("Done."))
-    agent = start_agent(CHAPTER, TASK, provider=provider, cwd=workdir)
-    try:
-        # Time the tool round only (between the two requests), not Python's start-up.
-        provider.wait_requests(1, timeout=60)
-        started = time.monotonic()
-        provider.wait_requests(2, timeout=90)
-        elapsed = time.monotonic() - started
-        stdout, stderr = (s.decode() for s in agent.communicate(timeout=60))
-        assert agent.returncode == 0, (stdout, stderr)
-        assert elapsed < 10, f"the tool round took {elapsed:.1f} s; the kill should come after about 1 s"
-        assert (
-            results(provider)["k"] == "error: command exceeded 1 s and was killed. Output before the kill:\nstarted\n"
-        )
-        # SIGKILL is delivered at once, but a dying process may show for a moment: poll briefly.
-        deadline = time.monotonic() + 5
-        while (survivors := live_processes(["sleep", duration])) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert survivors == [], "sleep processes from the killed command are still running"
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.communicate()
-        for pid in live_processes(["sleep", duration]):  # only this test's own leftovers
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
+    with Live(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter).encode()) as agent:
+        try:
+            # Time the tool round only (between the two requests), not Python's start-up.
+            provider.wait_requests(1, timeout=60)
+            started = time.monotonic()
+            provider.wait_requests(2, timeout=90)
+            elapsed = time.monotonic() - started
+            assert_ok(agent.completed(), stdout="Done.\n")
+            assert elapsed < 10, f"the tool round took {elapsed:.1f} s; the kill should come after about 1 s"
+            assert (
+                results(provider)["k"]
+                == "error: command exceeded 1 s and was killed. Output before the kill:\nstarted\n"
+            )
+            deadline = time.monotonic() + 5  # a dying process may show for a moment: poll briefly
+            while (survivors := live_processes(["sleep", duration])) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert survivors == [], "sleep processes from the killed command are still running"
+        finally:
+            for pid in live_processes(["sleep", duration]):  # only this test's own leftovers
+                kill_quietly(pid)
 
 
-def test_default_timeout_is_30_seconds(provider: FakeProvider, workdir: Path) -> None:
-    duration = f"67.{secrets.randbelow(10**6):06d}"
-    got = run(provider, workdir, bash_calls(slow=f"echo started; sleep {duration}"))
-    assert got["slow"] == "error: command exceeded 30 s and was killed. Output before the kill:\nstarted\n"
+class AgentClock:
+    """Stands in for the `time` module inside one loaded program. Its monotonic()
+    moves one second per reading, so the agent's 30 seconds pass in 30 readings
+    however fast or loaded the machine is. Everything else is the real module."""
+
+    def __init__(self) -> None:
+        self.readings: list[float] = []
+
+    def monotonic(self) -> float:
+        self.readings.append(float(len(self.readings)))
+        return self.readings[-1]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
+TICKING = "echo started; while :; do echo tick; sleep 0.01; done"  # output keeps the agent's loop turning
+
+
+@pytest.mark.parametrize(("arguments", "seconds"), [({}, 30), ({"timeout": 3}, 3)], ids=["default", "timeout-3"])
+def test_default_timeout_is_30_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chapter: int | str, arguments: dict, seconds: int
+) -> None:
+    """The command is killed when the agent's clock says 30 s have passed since it started, not before."""
+    agent = load_program(chapter, tmp_path, monkeypatch)
+    clock = AgentClock()
+    monkeypatch.setattr(agent, "time", clock)
+    kills: list[tuple[float, bool]] = []  # (the agent's clock, was the command still running?)
+    real_killpg = os.killpg
+
+    def watched_killpg(group: int, number: int) -> None:
+        kills.append((clock.readings[-1], os.waitid(os.P_PID, group, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None))
+        real_killpg(group, number)
+
+    monkeypatch.setattr(os, "killpg", watched_killpg)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(YES))  # chapter 9's gate asks about this command
+    started = time.monotonic()
+    result = agent.bash({"command": TICKING, **arguments})
+    assert time.monotonic() - started < 20, "the kill waited for real seconds, not the agent's"
+
+    prefix = f"error: command exceeded {seconds} s and was killed. Output before the kill:\nstarted\n"
+    assert result.startswith(prefix), result[:200]
+    assert set(result[len(prefix) :].splitlines()) <= {"tick"}, result[:200]
+    # Readings: the start (when Popen returned), then one per turn of the read loop.
+    assert kills == [(clock.readings[0] + seconds, True)], (kills, clock.readings)
+    assert clock.readings[-2] == clock.readings[0] + seconds - 1  # one second earlier, it was left to run
 
 
 # ---------------------------------------------------------------- output: the tail, bounded
 
 
-def test_long_output_keeps_a_line_aligned_tail(provider: FakeProvider, workdir: Path) -> None:
+def test_long_output_keeps_a_line_aligned_tail(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     full = "".join(f"{n}\n" for n in range(1, 100001)).encode()
-    got = run(provider, workdir, bash_calls(seq="seq 1 100000", short="seq 1 3"))
+    got = run(chapter, provider, workdir, bash_calls(seq="seq 1 100000", short="seq 1 3"))
     result = got["seq"]
     assert len(result.encode()) < 8.3 * 1024, len(result.encode())
     truncated, shown = split_marker(result)
@@ -251,16 +286,16 @@ sys.exit(code)
 """
 
 
-def test_huge_output_keeps_memory_bounded(provider: FakeProvider, workdir: Path) -> None:
+def test_huge_output_keeps_memory_bounded(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     size = 300_000_000
     provider.script(bash_calls(big=f"yes | head -c {size}"), text("Done."))
     # A helper process runs the agent and reports its children's peak RSS.
     rss_file = workdir.parent / "maxrss"
     result = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(rss_file), sys.executable, str(program(CHAPTER)), TASK],
+        [sys.executable, "-c", MEASURE, str(rss_file), sys.executable, str(program(chapter)), TASK],
         cwd=workdir,
         env=hermetic_env(provider, workdir.parent),
-        input="",
+        input=stdin_for(chapter),
         capture_output=True,
         text=True,
         timeout=300,
@@ -273,3 +308,60 @@ def test_huge_output_keeps_memory_bounded(provider: FakeProvider, workdir: Path)
     assert shown and set(shown.split("\n")[:-1]) == {"y"} and shown.endswith("y\n")
     assert truncated == size - len(shown.encode())
     assert len(shown) >= 8 * 1024 - len(b"y\n")
+
+
+# ---------------------------------------------------------------- every command's process group dies with it
+
+
+def test_a_background_child_is_killed_when_the_command_finishes(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    # The child lets go of the output pipe, so the command is done when sh exits; it must not outlive it.
+    command = "(sleep 100 > /dev/null 2>&1 & echo $! > child.txt); echo started"
+    got = run(chapter, provider, workdir, bash_calls(bg=command))
+    child = int((workdir / "child.txt").read_text())
+    try:
+        assert got["bg"] == "started\n"
+        assert wait_dead(child), "the command's background child is still running after the command finished"
+    finally:
+        kill_quietly(child)
+
+
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+@pytest.mark.parametrize("number", STOP_SIGNALS, ids=[signal.Signals(n).name for n in STOP_SIGNALS])
+def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
+    provider: FakeProvider, workdir: Path, chapter: int | str, number: int
+) -> None:
+    """Ctrl-C, kill (SIGTERM) and a closed terminal (SIGHUP) all stop the agent the same way: the running
+    command's whole process group is killed, exit 130; a session program has saved the completed rounds
+    and says how to resume."""
+    (workdir / "notes.txt").write_text("notes ✏️\n", encoding="utf-8")
+    first = calls(("r1", "read_file", {"path": "notes.txt"}))
+    provider.script(first, bash_calls(long="sleep 60 & echo $! > child.txt; echo $$ > shell.txt; wait"))
+    shell = child = None
+    with Live(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter).encode()) as live:
+        try:
+            shell = int(wait_for_file(workdir / "shell.txt"))
+            child = int((workdir / "child.txt").read_text())  # written before shell.txt
+            live.signal(number)
+            result = live.completed(timeout=30)
+            assert wait_dead(shell) and wait_dead(child), "the running command outlived the agent"
+        finally:
+            kill_quietly(shell)
+            kill_quietly(child)
+    assert result.returncode == 130, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == ""
+    lines = stderr_lines(result.stderr)
+    if not since(chapter, 11):
+        assert lines[-1] == "interrupted", result.stderr
+        return
+    session_id = new_session_id(result.stderr)
+    assert lines[-1] == hint(session_id), result.stderr
+    assert lines[-2].startswith("interrupted"), result.stderr
+    stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
+    assert [m["role"] for m in stored] == ["system", "user", "assistant", "tool"]  # round 1, not round 2
+    assert [c["id"] for c in stored[2]["tool_calls"]] == ["r1"]
+    assert stored[3] == {"role": "tool", "tool_call_id": "r1", "content": "notes ✏️\n"}

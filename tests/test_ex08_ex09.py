@@ -1,72 +1,43 @@
 """Chapters 8 and 9: the fixed base prompt with cache figures, and the permission gate.
 
 The real exercises/ex08/agent.py and exercises/ex09/agent.py run as
-subprocesses against the fake provider. The full permission table is also
-checked in-process against ex09's permission() and approved() functions; a
-sample of it runs end to end, where the files on disk prove which commands
-ran and which did not.
+subprocesses against the fake provider, and so does agent.py ("final"), which
+inherits both. The full permission table is also checked in-process against
+permission() and approved(); a sample of it runs end to end, where the files
+on disk prove which commands ran and which did not.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
+import itertools
 import os
 import re
 import select
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import openai
 import pytest
 
-from conftest import program, run_agent, start_agent
-from fake_provider import FakeProvider, Reply, text, tool_call, tool_calls
+from conftest import run_agent
+from fake_provider import FakeProvider, text, tool_call
+from helpers import ROUND_USAGE, Live, assert_ok, bash_calls, calls, chapter_output, results, summary
 
 TASK = "Do the work."
 NO_OUTPUT = "(command succeeded with no output)"
 DENIED = "error: permission denied — the command matches a deny rule; it was not run"
 REFUSED = "error: permission denied — the user did not approve this command"
 PROMPT = re.compile(r"\n⚠  the model wants to run: (.*)\nallow\? \(y/N\) ")
-SUMMARY = re.compile(r"^\[(\d+) rounds · last round input (\S+) tokens \((\S+) cached\) · finish_reason=(\w+)\]$")
-ROUND = re.compile(r"^\[round (\d+) input (\S+) tokens, (\S+) cached\]$", re.MULTILINE)
-
-
-def calls(*specs: tuple[str, str, dict | str], **kw) -> Reply:
-    """Parallel tool calls with ids chosen by the test: (id, name, arguments)."""
-    return tool_calls([(name, args) for _, name, args in specs], ids=[cid for cid, _, _ in specs], **kw)
-
-
-def bash_calls(*commands: tuple[str, str]) -> Reply:
-    """One round of bash calls: (call id, command)."""
-    return calls(*[(cid, "bash", {"command": command}) for cid, command in commands])
-
-
-def results(provider: FakeProvider) -> dict[str, str]:
-    """Every tool result the model received, by tool_call_id (from the last request)."""
-    return {m["tool_call_id"]: m["content"] for m in provider.chat_requests[-1]["messages"] if m["role"] == "tool"}
-
-
-def assert_success(result: subprocess.CompletedProcess, stdout: str = "Done.\n") -> None:
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == stdout
-
-
-def summary(stderr: str) -> tuple[str, ...]:
-    lines = stderr.splitlines()
-    assert len(lines) >= 2 and lines[-2] == "", stderr
-    match = SUMMARY.match(lines[-1])
-    assert match, stderr
-    return match.groups()
+chapter_8 = pytest.mark.parametrize("chapter", [8, "final"])
+chapter_9 = pytest.mark.parametrize("chapter", [9, "final"])
 
 
 # ================================================================ chapter 8: the base prompt
 
 
-def test_system_prompt_and_tools_are_a_fixed_prefix(provider: FakeProvider, workdir: Path) -> None:
+@chapter_8
+def test_system_prompt_and_tools_are_a_fixed_prefix(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("hello\n", encoding="utf-8")
     provider.script(
         tool_call("read_file", {"path": "notes.txt"}, call_id="r"),
@@ -74,11 +45,11 @@ def test_system_prompt_and_tools_are_a_fixed_prefix(provider: FakeProvider, work
         tool_call("bash", {"command": "cat notes.txt"}, call_id="b"),
         text("Done."),
     )
-    first = run_agent(8, "Change notes.txt", provider=provider, cwd=workdir)
-    assert_success(first)
+    first = run_agent(chapter, "Change notes.txt", provider=provider, cwd=workdir)
+    assert_ok(first, stdout="Done.\n")
     provider.script(text("Done."))
-    second = run_agent(8, "Something else entirely", provider=provider, cwd=workdir)
-    assert_success(second)
+    second = run_agent(chapter, "Something else entirely", provider=provider, cwd=workdir)
+    assert_ok(second, stdout="Done.\n")
 
     requests = provider.chat_requests
     assert len(requests) == 5
@@ -99,71 +70,52 @@ def test_system_prompt_and_tools_are_a_fixed_prefix(provider: FakeProvider, work
     assert tool_results["w"].startswith("wrote "), tool_results["w"]
 
 
+@chapter_8
 @pytest.mark.parametrize("usage_style", ["deepseek", "openai"])
-def test_cache_figures_per_round_and_in_the_summary(provider: FakeProvider, workdir: Path, usage_style: str) -> None:
+def test_cache_figures_per_round_and_in_the_summary(
+    provider: FakeProvider, workdir: Path, chapter: int | str, usage_style: str
+) -> None:
     (workdir / "a.txt").write_text("a", encoding="utf-8")
     provider.script(
         tool_call("read_file", {"path": "a.txt"}, prompt_tokens=1200, cached_tokens=1024, usage_style=usage_style),
         tool_call("bash", {"command": "echo hi"}, prompt_tokens=1300, cached_tokens=1152, usage_style=usage_style),
         text("Done.", prompt_tokens=1450, cached_tokens=1280, usage_style=usage_style),
     )
-    result = run_agent(8, TASK, provider=provider, cwd=workdir)
-    assert_success(result)
-    assert ROUND.findall(result.stderr) == [("1", "1200", "1024"), ("2", "1300", "1152")]
-    assert summary(result.stderr) == ("3", "1450", "1280", "stop")
+    result = chapter_output(chapter, run_agent(chapter, TASK, provider=provider, cwd=workdir))
+    assert_ok(result, stdout="Done.\n")
+    assert ROUND_USAGE.findall(result.stderr) == [("1", "1200", "1024"), ("2", "1300", "1152")]
+    assert summary(chapter, result.stderr) == ("3", "1450", "1280", "stop")
     assert len(provider.chat_requests) == 3
 
 
-def test_no_usage_reported_is_not_a_crash(provider: FakeProvider, workdir: Path) -> None:
+@chapter_8
+def test_no_usage_reported_is_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "a.txt").write_text("a", encoding="utf-8")
     provider.script(
         tool_call("read_file", {"path": "a.txt"}, usage_style="none"),
         text("Done.", usage_style="none"),
     )
-    result = run_agent(8, TASK, provider=provider, cwd=workdir)
-    assert_success(result)
-    assert ROUND.findall(result.stderr) == [("1", "?", "0")]
-    assert summary(result.stderr) == ("2", "?", "0", "stop")
+    result = chapter_output(chapter, run_agent(chapter, TASK, provider=provider, cwd=workdir))
+    assert_ok(result, stdout="Done.\n")
+    assert ROUND_USAGE.findall(result.stderr) == [("1", "?", "0")]
+    assert summary(chapter, result.stderr) == ("2", "?", "0", "stop")
 
 
-def test_cached_tokens_reads_either_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loaded", [8, "final"], indirect=True)
+def test_cached_tokens_reads_either_field(loaded) -> None:
     # The fake's DeepSeek style also sends prompt_tokens_details, so end to
     # end cannot tell which field was read; here each one alone must do.
-    ex08 = load_chapter(8, tmp_path)
-    try:
-        usage = openai.types.CompletionUsage
-        base = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
-        assert ex08.cached_tokens(usage(**base, prompt_cache_hit_tokens=64)) == 64  # DeepSeek
-        assert ex08.cached_tokens(usage(**base, prompt_tokens_details={"cached_tokens": 32})) == 32  # OpenAI
-        assert ex08.cached_tokens(usage(**base)) == 0
-        assert ex08.cached_tokens(None) == 0
-    finally:
-        sys.modules.pop(ex08.__name__, None)
+    usage = openai.types.CompletionUsage
+    base = {"prompt_tokens": 100, "completion_tokens": 5, "total_tokens": 105}
+    assert loaded.cached_tokens(usage(**base, prompt_cache_hit_tokens=64)) == 64  # DeepSeek
+    assert loaded.cached_tokens(usage(**base, prompt_tokens_details={"cached_tokens": 32})) == 32  # OpenAI
+    assert loaded.cached_tokens(usage(**base)) == 0
+    assert loaded.cached_tokens(None) == 0
 
 
 # ================================================================ chapter 9: the permission gate, in-process
 
-
-def load_chapter(chapter: int, directory: Path):
-    """A chapter's agent.py as a module. It reads .env from the current
-    directory at import, so it is imported from an empty one."""
-    here = os.getcwd()
-    os.chdir(directory)
-    try:
-        spec = importlib.util.spec_from_file_location(f"agent_ex{chapter:02d}_under_test", program(chapter))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        os.chdir(here)
-    return module
-
-
-@pytest.fixture(scope="module")
-def ex09(tmp_path_factory: pytest.TempPathFactory):
-    module = load_chapter(9, tmp_path_factory.mktemp("import"))
-    yield module
-    sys.modules.pop(module.__name__, None)
+gate = pytest.mark.parametrize("loaded", [9, "final"], indirect=True)
 
 
 PERMISSION_TABLE = [
@@ -225,18 +177,39 @@ PERMISSION_TABLE = [
 ]
 
 
-def test_permission_table(ex09) -> None:
-    got = [(command, ex09.permission(command)) for command in dict(PERMISSION_TABLE)]
+@gate
+def test_permission_table(loaded) -> None:
+    got = [(command, loaded.permission(command)) for command in dict(PERMISSION_TABLE)]
     assert got == PERMISSION_TABLE
 
 
-def test_permission_does_not_depend_on_rule_order(ex09, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("DENY", "ASK", "ALLOW"):
-        monkeypatch.setattr(ex09, name, list(reversed(getattr(ex09, name))))
-    got = [(command, ex09.permission(command)) for command in dict(PERMISSION_TABLE)]
-    assert got == PERMISSION_TABLE
+LEVELS = {"deny": "DENY", "ask": "ASK", "allow": "ALLOW"}  # strongest first
 
 
+@gate
+def test_deny_beats_ask_beats_allow_whatever_the_rule_order(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One command matched by rules of several levels: the strongest level wins, wherever the matching
+    rule sits in its list and whichever levels match. Every combination of levels, the matching rule
+    first and last among rules that do not match; a command no rule matches is asked about."""
+    command = "frob --all"
+    others = {"DENY": ["shred -u /", "mkfs "], "ASK": ["chmod ", "dd "], "ALLOW": ["whoami", "date"]}
+    checked = 0
+    for matched in itertools.product([False, True], repeat=3):
+        levels = [level for level, hit in zip(LEVELS, matched, strict=True) if hit]
+        expected = levels[0] if levels else "ask"
+        for placement in itertools.product(["first", "last"], repeat=3):
+            for (level, name), where in zip(LEVELS.items(), placement, strict=True):
+                rules = list(others[name])
+                if level in levels:
+                    rules.insert(0 if where == "first" else len(rules), "frob")
+                monkeypatch.setattr(loaded, name, rules)
+            got = loaded.permission(command)
+            assert got == expected, (levels, placement, got)
+            checked += 1
+    assert checked == 64
+
+
+@gate
 @pytest.mark.parametrize(
     "answer, approves",
     [
@@ -255,11 +228,11 @@ def test_permission_does_not_depend_on_rule_order(ex09, monkeypatch: pytest.Monk
     ],
 )
 def test_only_y_or_yes_approves(
-    ex09, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, answer: str, approves: bool
+    loaded, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, answer: str, approves: bool
 ) -> None:
     stdin = io.StringIO(answer)
     monkeypatch.setattr(sys, "stdin", stdin)
-    assert ex09.approved("rm -rf build") is approves
+    assert loaded.approved("rm -rf build") is approves
     captured = capsys.readouterr()
     assert captured.out == ""
     prompt = "\n⚠  the model wants to run: rm -rf build\nallow? (y/N) "
@@ -299,14 +272,15 @@ def gate_workdir(workdir: Path) -> None:
     (workdir / "build" / "obj.o").write_bytes(b"\x7fELF")
 
 
+@chapter_9
 @pytest.mark.parametrize("answer", ["y", "n", "EOF"])
-def test_gate_end_to_end(provider: FakeProvider, workdir: Path, answer: str) -> None:
+def test_gate_end_to_end(provider: FakeProvider, workdir: Path, chapter: int | str, answer: str) -> None:
     gate_workdir(workdir)
     asks = [command for _, command, level, _ in GATE_SAMPLE if level == "ask"]
     stdin = "" if answer == "EOF" else f"{answer}\n" * len(asks)
-    provider.script(bash_calls(*[(cid, command) for cid, command, _, _ in GATE_SAMPLE]), text("Done."))
-    result = run_agent(9, TASK, provider=provider, cwd=workdir, stdin=stdin)
-    assert_success(result)  # refusals are tool results: the loop went on
+    provider.script(bash_calls(**{cid: command for cid, command, _, _ in GATE_SAMPLE}), text("Done."))
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin)
+    assert_ok(result, stdout="Done.\n")  # refusals are tool results: the loop went on
     assert len(provider.chat_requests) == 2
 
     # Only the ask-level commands were put to the user, in order.
@@ -331,16 +305,17 @@ def test_gate_end_to_end(provider: FakeProvider, workdir: Path, answer: str) -> 
         assert got["ask_stdin"] == "inside\n"
 
 
-def test_each_answer_decides_its_own_command(provider: FakeProvider, workdir: Path) -> None:
+@chapter_9
+def test_each_answer_decides_its_own_command(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     answers = ["y", "n", "yes", "maybe", "", "N"]  # then EOF for the rest
     names = [f"made_{n}" for n in range(8)]
     provider.script(
-        bash_calls(*[(name, f"touch {name}") for name in names]),
-        bash_calls(("later", "touch made_later")),  # a later round still asks, and EOF refuses
+        bash_calls(**{name: f"touch {name}" for name in names}),
+        bash_calls(later="touch made_later"),  # a later round still asks, and EOF refuses
         text("Done."),
     )
-    result = run_agent(9, TASK, provider=provider, cwd=workdir, stdin="".join(f"{a}\n" for a in answers))
-    assert_success(result)
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin="".join(f"{a}\n" for a in answers))
+    assert_ok(result, stdout="Done.\n")
     assert PROMPT.findall(result.stderr) == [f"touch {name}" for name in names] + ["touch made_later"]
     got = results(provider)
     approved = {"made_0", "made_2"}
@@ -350,21 +325,10 @@ def test_each_answer_decides_its_own_command(provider: FakeProvider, workdir: Pa
         assert got[name] == (NO_OUTPUT if name in approved else REFUSED), (name, got[name])
 
 
-def read_stderr_until(agent: subprocess.Popen, needle: bytes, seen: bytearray, timeout: float = 60) -> None:
-    """Read the agent's stderr into `seen` until it contains needle `count` times."""
-    deadline = time.monotonic() + timeout
-    count = seen.count(needle) + 1
-    while seen.count(needle) < count:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {needle!r} on stderr: {seen.decode(errors='replace')}"
-        ready, _, _ = select.select([agent.stderr], [], [], left)
-        if ready:
-            chunk = os.read(agent.stderr.fileno(), 65536)
-            assert chunk, f"stderr closed before {needle!r}: {seen.decode(errors='replace')}"
-            seen += chunk
-
-
-def test_a_command_reading_stdin_does_not_eat_the_next_answer(provider: FakeProvider, workdir: Path) -> None:
+@chapter_9
+def test_a_command_reading_stdin_does_not_eat_the_next_answer(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     # The first command signals through a FIFO once it is running; only then
     # does the test type the second answer, so a command that shared the
     # agent's stdin would read it (and the second command would be refused).
@@ -378,26 +342,18 @@ def test_a_command_reading_stdin_does_not_eat_the_next_answer(provider: FakeProv
         ),
         text("Done."),
     )
-    agent = start_agent(9, TASK, provider=provider, cwd=workdir)
-    seen = bytearray()
     try:
-        read_stderr_until(agent, b"allow? (y/N) ", seen)
-        agent.stdin.write(b"y\n")
-        agent.stdin.flush()
-        ready, _, _ = select.select([reader], [], [], 60)
-        assert ready and os.read(reader, 100) == b"go\n", "the first command never started"
-        agent.stdin.write(b"y\n")  # meant for the second prompt
-        agent.stdin.flush()
-        stdout, stderr = agent.communicate(timeout=60)
+        with Live(chapter, TASK, provider=provider, cwd=workdir) as agent:
+            agent.wait_stderr("allow? (y/N) ")
+            agent.write(b"y\n")
+            ready, _, _ = select.select([reader], [], [], 60)
+            assert ready and os.read(reader, 100) == b"go\n", "the first command never started"
+            agent.write(b"y\n")  # meant for the second prompt
+            result = agent.completed()
     finally:
         os.close(reader)
-        if agent.poll() is None:
-            agent.kill()
-            agent.communicate()
-    stderr = (bytes(seen) + stderr).decode()
-    assert agent.returncode == 0, stderr
-    assert stdout == b"Done.\n"
-    assert PROMPT.findall(stderr) == ["echo go > started && head -c 5", "touch made_second"]
+    assert_ok(result, stdout="Done.\n")
+    assert PROMPT.findall(result.stderr) == ["echo go > started && head -c 5", "touch made_second"]
     got = results(provider)
     assert got["reader"] == NO_OUTPUT, got["reader"]
     assert got["second"] == NO_OUTPUT, got["second"]

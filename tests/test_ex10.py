@@ -2,9 +2,9 @@
 
 The real exercises/ex10/agent.py runs as a subprocess against the fake
 provider to make the backups (write_file and edit_file through the real
-loop), then again with -restore and no API key. The tests check the tool
-results the model got, the bytes in .trash/ and in the files, and what the
-user sees.
+loop), then again with -restore and no API key; so does agent.py ("final"),
+which inherits both. The tests check the tool results the model got, the
+bytes in .trash/ and in the files, and what the user sees.
 """
 
 from __future__ import annotations
@@ -15,17 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_failure, run_agent
-from fake_provider import FakeProvider, Reply, text, tool_calls
+from conftest import run_agent
+from fake_provider import FakeProvider, Reply, text
+from helpers import assert_ok, assert_one_error_line, calls, results
 
-CHAPTER = 10
+pytestmark = pytest.mark.parametrize("chapter", [10, "final"])
 TASK = "Update the files."
 SAVED = re.compile(r" \(old version saved as (\S+)\)$")
-
-
-def calls(*specs: tuple[str, str, dict | str], **kw) -> Reply:
-    """Parallel tool calls with ids chosen by the test: (id, name, arguments)."""
-    return tool_calls([(name, args) for _, name, args in specs], ids=[cid for cid, _, _ in specs], **kw)
 
 
 def read(cid: str, path: str) -> tuple[str, str, dict]:
@@ -36,20 +32,16 @@ def write(cid: str, path: str, content: str) -> tuple[str, str, dict]:
     return (cid, "write_file", {"path": path, "content": content})
 
 
-def run(provider: FakeProvider, workdir: Path, *replies: Reply) -> dict[str, str]:
+def run(chapter: int | str, provider: FakeProvider, workdir: Path, *replies: Reply) -> dict[str, str]:
     """Run the agent to a "Done." answer; return every tool result the model got, by call id."""
     provider.script(*replies, text("Done."))
-    result = run_agent(CHAPTER, TASK, provider=provider, cwd=workdir)
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == "Done.\n"
-    messages = provider.chat_requests[-1]["messages"]
-    return {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+    assert_ok(run_agent(chapter, TASK, provider=provider, cwd=workdir), stdout="Done.\n")
+    return results(provider)
 
 
-def restore(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+def restore(chapter: int | str, workdir: Path, *args: str) -> subprocess.CompletedProcess:
     """-restore needs no API key, no model and no server."""
-    return run_agent(CHAPTER, "-restore", *args, provider=None, cwd=workdir, OPENAI_API_KEY=None, MODEL=None)
+    return run_agent(chapter, "-restore", *args, provider=None, cwd=workdir, OPENAI_API_KEY=None, MODEL=None)
 
 
 def backup_named(workdir: Path, result: str) -> Path:
@@ -80,11 +72,12 @@ def restored_from(workdir: Path, result: subprocess.CompletedProcess, name: str)
 # ---------------------------------------------------------------- backups made by the tools
 
 
-def test_write_and_edit_back_up_the_exact_old_bytes(provider: FakeProvider, workdir: Path) -> None:
+def test_write_and_edit_back_up_the_exact_old_bytes(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     old_data = b"\xff\xfe not UTF-8 \x00 at all\r\n"
     (workdir / "data.bin").write_bytes(old_data)
     (workdir / "doc.txt").write_bytes(b"hello world\n")
     got = run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -110,12 +103,13 @@ def test_write_and_edit_back_up_the_exact_old_bytes(provider: FakeProvider, work
     assert not (workdir / "sub" / ".trash").exists()
 
 
-def test_the_write_is_refused_when_the_backup_fails(provider: FakeProvider, workdir: Path) -> None:
+def test_the_write_is_refused_when_the_backup_fails(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     # .trash is a regular file, so the backup cannot be made (this works as root too).
     (workdir / ".trash").write_bytes(b"not a directory\n")
     (workdir / "notes.txt").write_bytes(b"keep me\n")
     (workdir / "doc.txt").write_bytes(b"hello world\n")
     got = run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -139,12 +133,13 @@ def test_the_write_is_refused_when_the_backup_fails(provider: FakeProvider, work
 
 
 def test_restore_picks_the_newest_backup_of_exactly_that_file_and_loses_nothing(
-    provider: FakeProvider, workdir: Path
+    provider: FakeProvider, workdir: Path, chapter: int | str
 ) -> None:
     target, sibling = workdir / "list.txt", workdir / "list.txt.old"
     target.write_bytes(b"v1\n")
     sibling.write_bytes(b"old-v1\n")
     got = run(
+        chapter,
         provider,
         workdir,
         # Two writes in one round: two backups within the same second.
@@ -159,7 +154,7 @@ def test_restore_picks_the_newest_backup_of_exactly_that_file_and_loses_nothing(
     assert target.read_bytes() == b"v3\n"
     versions = {b"v1\n", b"v2\n", b"v3\n"}
 
-    result = restore(workdir, "list.txt")
+    result = restore(chapter, workdir, "list.txt")
     assert restored_from(workdir, result, "list.txt") == second
     assert target.read_bytes() == b"v2\n"
     assert sibling.read_bytes() == b"old-v2\n"
@@ -169,7 +164,7 @@ def test_restore_picks_the_newest_backup_of_exactly_that_file_and_loses_nothing(
     assert versions <= set(after_first.values()) | {target.read_bytes()}
 
     # Restoring again brings back the version the first restore replaced.
-    result = restore(workdir, "list.txt")
+    result = restore(chapter, workdir, "list.txt")
     assert restored_from(workdir, result, "list.txt").read_bytes() == b"v3\n"
     assert target.read_bytes() == b"v3\n"
     assert sibling.read_bytes() == b"old-v2\n"
@@ -179,11 +174,12 @@ def test_restore_picks_the_newest_backup_of_exactly_that_file_and_loses_nothing(
     assert versions <= set(after_second.values()) | {target.read_bytes()}
 
 
-def test_same_name_in_two_directories_is_kept_apart(provider: FakeProvider, workdir: Path) -> None:
+def test_same_name_in_two_directories_is_kept_apart(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     for name in ("a", "b"):
         (workdir / name).mkdir()
         (workdir / name / "list.txt").write_bytes(f"{name}-old\n".encode())
     got = run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -198,7 +194,7 @@ def test_same_name_in_two_directories_is_kept_apart(provider: FakeProvider, work
     assert a_backup.read_bytes() == b"a-old\n" and b_backup.read_bytes() == b"b-old\n"
 
     # b's backup is the newer one; -restore a/list.txt must still take a's.
-    result = restore(workdir, "a/list.txt")
+    result = restore(chapter, workdir, "a/list.txt")
     assert restored_from(workdir, result, "a/list.txt") == a_backup
     assert (workdir / "a" / "list.txt").read_bytes() == b"a-old\n"
     assert (workdir / "b" / "list.txt").read_bytes() == b"b-new\n"
@@ -208,36 +204,31 @@ def test_same_name_in_two_directories_is_kept_apart(provider: FakeProvider, work
 # ---------------------------------------------------------------- -restore failures
 
 
-def assert_one_line_failure(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert_clean_failure(result, *needles)
-    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
-    assert result.stdout == ""
-
-
-def test_restore_without_a_trash_directory(workdir: Path) -> None:
+def test_restore_without_a_trash_directory(workdir: Path, chapter: int | str) -> None:
     (workdir / "list.txt").write_bytes(b"current\n")
-    result = restore(workdir, "list.txt")
-    assert_one_line_failure(result, ".trash")
+    result = restore(chapter, workdir, "list.txt")
+    assert_one_error_line(result, ".trash")
     assert (workdir / "list.txt").read_bytes() == b"current\n"
     assert sorted(path.name for path in workdir.iterdir()) == ["list.txt"]
 
 
 @pytest.mark.parametrize("args", [(), ("",)], ids=["no-file", "empty-file"])
-def test_restore_without_a_file_is_a_usage_error(workdir: Path, args: tuple[str, ...]) -> None:
+def test_restore_without_a_file_is_a_usage_error(workdir: Path, chapter: int | str, args: tuple[str, ...]) -> None:
     (workdir / ".trash").mkdir()
-    result = restore(workdir, *args)
-    assert_one_line_failure(result)
+    result = restore(chapter, workdir, *args)
+    assert_one_error_line(result)
     # An empty FILE is no FILE: the user needs the usage line, not "no backup of  in .trash".
     assert "restore" in result.stderr, result.stderr
     assert list((workdir / ".trash").iterdir()) == []
 
 
-def test_restore_with_no_backup_of_that_file(provider: FakeProvider, workdir: Path) -> None:
+def test_restore_with_no_backup_of_that_file(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "list.txt").write_bytes(b"current\n")
     (workdir / "list.txt.old").write_bytes(b"older\n")
     (workdir / "sub").mkdir()
     (workdir / "sub" / "list.txt").write_bytes(b"elsewhere\n")
     run(
+        chapter,
         provider,
         workdir,
         calls(
@@ -249,34 +240,39 @@ def test_restore_with_no_backup_of_that_file(provider: FakeProvider, workdir: Pa
     )
     before = trash(workdir)
     assert len(before) == 2
-    result = restore(workdir, "list.txt")
-    assert_one_line_failure(result, "list.txt")
+    result = restore(chapter, workdir, "list.txt")
+    assert_one_error_line(result, "list.txt")
     assert (workdir / "list.txt").read_bytes() == b"current\n"
     assert trash(workdir) == before
 
 
-def test_restore_from_an_unreadable_backup_changes_nothing(provider: FakeProvider, workdir: Path) -> None:
+def test_restore_from_an_unreadable_backup_changes_nothing(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     (workdir / "list.txt").write_bytes(b"v1\n")
-    got = run(provider, workdir, calls(read("r", "list.txt"), write("w", "list.txt", "v2\n")))
+    got = run(chapter, provider, workdir, calls(read("r", "list.txt"), write("w", "list.txt", "v2\n")))
     backup = backup_named(workdir, got["w"])
     # The backup becomes a directory: it cannot be read as a file.
     backup.unlink()
     backup.mkdir()
-    result = restore(workdir, "list.txt")
-    assert_one_line_failure(result, "list.txt")
+    result = restore(chapter, workdir, "list.txt")
+    assert_one_error_line(result, "list.txt")
     assert (workdir / "list.txt").read_bytes() == b"v2\n"
     assert [path.name for path in (workdir / ".trash").iterdir()] == [backup.name]
 
 
-def test_content_that_cannot_be_written_makes_no_backup(provider: FakeProvider, workdir: Path) -> None:
+def test_content_that_cannot_be_written_makes_no_backup(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
     """A lone surrogate cannot be encoded as UTF-8: the write fails before any backup is made."""
     (workdir / "list.txt").write_bytes(b"milk\n")
-    results = run(
+    got = run(
+        chapter,
         provider,
         workdir,
         calls(read("r", "list.txt")),
         calls(("w", "write_file", '{"path": "list.txt", "content": "a\\ud800b"}')),
     )
-    assert results["w"].startswith("error: write_file failed on list.txt"), results["w"]
+    assert got["w"].startswith("error: write_file failed on list.txt"), got["w"]
     assert (workdir / "list.txt").read_bytes() == b"milk\n"
     assert not (workdir / ".trash").exists()
