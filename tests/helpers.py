@@ -371,7 +371,40 @@ def snapshot(root: Path) -> dict[str, tuple[str, int, bytes | None]]:
     return out
 
 
+def appended(before: bytes, after: bytes) -> list[dict]:
+    """The records added after the old bytes, which must be untouched."""
+    assert after[: len(before)] == before, "the old bytes of the session changed"
+    tail = after[len(before) :]
+    assert tail.endswith(b"\n"), tail[-200:]
+    return [json.loads(line) for line in tail.split(b"\n")[:-1]]
+
+
+RESUMED = re.compile(r"^\[resumed session (\S+), (\d+) messages\]$")
+
+
+def resumed(stderr: str) -> tuple[str, int]:
+    """(ID, message count) from the one `[resumed session ...]` line a resume prints."""
+    found = [match for line in stderr.splitlines() if (match := RESUMED.match(line))]
+    assert len(found) == 1, stderr
+    return found[0].group(1), int(found[0].group(2))
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning:")]
+
+
+def thread_io() -> dict[str, int]:
+    """This thread's I/O counters (Linux): write() bytes (wchar) and calls (syscw)."""
+    text_ = Path("/proc/thread-self/io").read_text()
+    return {key: int(value) for key, value in (line.split(": ") for line in text_.splitlines())}
+
+
 # ---------------------------------------------------------------- comparing a request with a history
+
+
+def call(call_id: str, name: str = "read_file", arguments: str = '{"path": "a.txt"}') -> dict:
+    """One tool call as an assistant message carries it."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def shape(message: dict) -> tuple:

@@ -1,4 +1,4 @@
-"""Sessions (chapter 11, agent.py): the file format, the CLI forms, append-only saves.
+"""Sessions (agent.py): the file format, the CLI forms, append-only saves.
 
 The real agent.py runs as a subprocess against the fake provider. The tests
 read what the user sees (stdout, stderr, exit code), what reached the server
@@ -14,102 +14,65 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_failure, hermetic_env, load_program, program
+from conftest import assert_clean_failure, run_agent
 from fake_provider import FakeProvider, Reply, text, tool_call
+from helpers import (
+    NEW_SESSION,
+    SESSION_ID,
+    SESSION_ID_SHAPE,
+    assert_ok,
+    call,
+    complete_lines,
+    disk_messages,
+    hint,
+    message_line,
+    put_session,
+    resumed,
+    session_bytes,
+    snapshot,
+    stderr_lines,
+    thread_io,
+)
 
-AGENT = program("final")
 KEY = "sk-SECRET-7f3c9e1a-do-not-store-4b2d"  # distinctive: it must never reach a file
-ID_SHAPE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{8}")
-NEW = re.compile(r"^\[new session (\S+)\]$")
-RESUMED = re.compile(r"^\[resumed session (\S+), (\d+) messages\]$")
 TASK = "What does notes.txt say?"
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
 
 # ---------------------------------------------------------------- helpers
 
 
-def agent(provider: FakeProvider | None, workdir: Path, *args: str, **env: str | None) -> subprocess.CompletedProcess:
-    """Run agent.py to completion with umask 022, so 0600/0700 must come from the program itself."""
-    return subprocess.run(
-        [sys.executable, str(AGENT), *args],
-        cwd=workdir,
-        env=hermetic_env(provider, workdir.parent, **{"OPENAI_API_KEY": KEY, "TZ": os.environ.get("TZ"), **env}),
-        input="",
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=120,
-        umask=0o022,
-    )
-
-
-def assert_ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-
-
-def stderr_lines(result: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in result.stderr.splitlines() if line.strip()]
-
-
-def hint(session_id: str) -> str:
-    return f"[session {session_id} — continue with: -c {session_id}]"
-
-
 def new_session(provider: FakeProvider, workdir: Path, task: str, *replies: Reply) -> tuple[str, Path]:
     provider.script(*replies)
-    result = agent(provider, workdir, task)
+    result = run_agent("final", task, provider=provider, cwd=workdir)
     assert_ok(result)
-    match = NEW.match(stderr_lines(result)[0])
+    match = NEW_SESSION.match(result.stderr)
     assert match, result.stderr
     session_id = match.group(1)
-    assert stderr_lines(result)[-1] == hint(session_id), result.stderr
+    assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
     return session_id, workdir / ".sessions" / f"{session_id}.jsonl"
 
 
 def resume(provider: FakeProvider, workdir: Path, wanted: str, task: str, *replies: Reply) -> tuple[str, int]:
     """-c wanted task: returns (the resumed ID, the message count it announced)."""
     provider.script(*replies)
-    result = agent(provider, workdir, "-c", wanted, task)
+    result = run_agent("final", "-c", wanted, task, provider=provider, cwd=workdir)
     assert_ok(result)
-    match = RESUMED.match(stderr_lines(result)[0])
-    assert match, result.stderr
-    assert stderr_lines(result)[-1] == hint(match.group(1)), result.stderr
-    return match.group(1), int(match.group(2))
+    session_id, count = resumed(result.stderr)
+    assert stderr_lines(result.stderr)[0].startswith("[resumed session"), result.stderr
+    assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
+    return session_id, count
 
 
-def records(path: Path) -> list[dict]:
-    data = path.read_bytes()
-    assert data.endswith(b"\n"), data[-200:]
-    return [json.loads(line) for line in data.split(b"\n")[:-1]]
-
-
-def stored_messages(path: Path) -> list[dict]:
-    found = records(path)
-    assert all(r["type"] == "message" and set(r) == {"type", "message"} for r in found[1:]), found
-    return [r["message"] for r in found[1:]]
-
-
-def message_line(message: dict, compact: bool = False, **extra: object) -> bytes:
-    record = {"type": "message", "message": message, **extra}
-    separators = (",", ":") if compact else None
-    return json.dumps(record, ensure_ascii=False, separators=separators).encode() + b"\n"
-
-
-def call(call_id: str, name: str, arguments: str) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def assert_no_requests(provider: FakeProvider) -> None:
-    assert provider.requests == [], provider.requests
+def hand_written(workdir: Path, session_id: str, prompt: str, answer: str = "ok") -> Path:
+    user, assistant = {"role": "user", "content": prompt}, {"role": "assistant", "content": answer}
+    return put_session(workdir, session_bytes(SYSTEM, user, assistant, session_id=session_id), session_id)
 
 
 # ---------------------------------------------------------------- a new session
@@ -123,16 +86,16 @@ def test_new_session_file_format_modes_and_hint(provider: FakeProvider, workdir:
         tool_call("read_file", raw_args, call_id="call_00_Xy7", reasoning="I should read the file first."),
         text("The notes say: buy milk.", reasoning="The file says buy milk."),
     )
-    result = agent(provider, workdir, TASK)
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, OPENAI_API_KEY=KEY)
     assert_ok(result)
     assert result.stdout == "The notes say: buy milk.\n"
-    match = NEW.match(stderr_lines(result)[0])
+    match = NEW_SESSION.match(result.stderr)
     assert match, result.stderr
     session_id = match.group(1)
     assert result.stderr.endswith(hint(session_id) + "\n"), result.stderr  # the last thing said
     assert KEY not in result.stderr + result.stdout
     path = workdir / ".sessions" / f"{session_id}.jsonl"
-    assert ID_SHAPE.fullmatch(session_id), session_id
+    assert re.fullmatch(SESSION_ID_SHAPE, session_id), session_id
     assert sorted(p.name for p in path.parent.iterdir()) == [f"{session_id}.jsonl"]
 
     # Private, whatever the umask: directory 0700, file 0600.
@@ -158,7 +121,7 @@ def test_new_session_file_format_modes_and_hint(provider: FakeProvider, workdir:
     assert b"sk-SECRET" not in data
 
     # One record per message, the assistant messages exactly as the stream delivered them.
-    messages = stored_messages(path)
+    messages = disk_messages(path)
     system = provider.chat_requests[0]["messages"][0]
     assert system["role"] == "system" and system["content"]
     assert messages == [
@@ -187,7 +150,7 @@ def test_new_session_file_format_modes_and_hint(provider: FakeProvider, workdir:
 def test_resume_resends_history_and_appends(provider: FakeProvider, workdir: Path) -> None:
     session_id, path = new_session(provider, workdir, "My name is Xiaoming; remember it", text("Hello, Xiaoming!"))
     before = path.read_bytes()
-    old_messages = stored_messages(path)
+    old_messages = disk_messages(path)
     assert len(old_messages) == 3
 
     resumed, count = resume(provider, workdir, session_id, "What is my name?", text("Your name is Xiaoming."))
@@ -235,7 +198,7 @@ def test_multi_round_resume_keeps_the_old_bytes(provider: FakeProvider, workdir:
         {"role": "assistant", "content": "a says alpha, b says beta."},
     ]
     # Each request of the run carried the whole history so far.
-    old = stored_messages(path)[:3]
+    old = disk_messages(path)[:3]
     assert [len(r["messages"]) for r in provider.chat_requests[1:]] == [4, 6, 8]
     assert provider.chat_requests[-1]["messages"] == old + new[:-1]
 
@@ -253,29 +216,10 @@ def test_continue_last_picks_the_most_recently_modified(provider: FakeProvider, 
     assert (resumed, count) == (first_id, 3)
     assert provider.chat_requests[-1]["messages"][1] == {"role": "user", "content": "first task"}
     assert second.read_bytes() == second_before
-    assert stored_messages(first)[-2:] == [
+    assert disk_messages(first)[-2:] == [
         {"role": "user", "content": "and now?"},
         {"role": "assistant", "content": "ok"},
     ]
-
-
-def hand_written(workdir: Path, session_id: str, prompt: str, answer: str = "ok") -> Path:
-    sessions = workdir / ".sessions"
-    sessions.mkdir(mode=0o700, exist_ok=True)
-    path = sessions / f"{session_id}.jsonl"
-    header = {"type": "meta", "id": session_id, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
-    path.write_bytes(
-        json.dumps(header).encode()
-        + b"\n"
-        + message_line({"role": "system", "content": "You are a coding agent."})
-        + message_line({"role": "user", "content": prompt})
-        + message_line({"role": "assistant", "content": answer})
-    )
-    return path
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
 def test_unique_prefix_continues_and_ambiguous_prefix_is_an_error(provider: FakeProvider, workdir: Path) -> None:
@@ -284,17 +228,17 @@ def test_unique_prefix_continues_and_ambiguous_prefix_is_an_error(provider: Fake
     hand_written(workdir, "20260802-101010-0badf00d", "prompt three")
 
     before = snapshot(workdir)
-    result = agent(provider, workdir, "-c", "20260801-090720-56", "which one?")
+    result = run_agent("final", "-c", "20260801-090720-56", "which one?", provider=provider, cwd=workdir)
     assert_clean_failure(result)
-    assert len(stderr_lines(result)) == 1, result.stderr
+    assert len(stderr_lines(result.stderr)) == 1, result.stderr
     assert "20260801-090720-56" in result.stderr and "2 sessions" in result.stderr, result.stderr
     assert snapshot(workdir) == before
-    assert_no_requests(provider)
+    assert provider.requests == []
 
     resumed, count = resume(provider, workdir, "20260801-090720-564", "the first one", text("yes"))
     assert (resumed, count) == ("20260801-090720-56492195", 3)
     assert provider.chat_requests[-1]["messages"][1]["content"] == "prompt one"
-    assert stored_messages(one)[-1] == {"role": "assistant", "content": "yes"}
+    assert disk_messages(one)[-1] == {"role": "assistant", "content": "yes"}
 
     resumed, _ = resume(provider, workdir, "20260802", "the third one", text("yes"))
     assert resumed == "20260802-101010-0badf00d"
@@ -342,7 +286,7 @@ def test_list_shows_every_session_with_its_details(provider: FakeProvider, workd
         os.utime(path, (stamp, stamp))
     before = snapshot(workdir)
 
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
     out = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(out) == 5, result.stdout
@@ -354,7 +298,7 @@ def test_list_shows_every_session_with_its_details(provider: FakeProvider, workd
         assert f"modified {datetime.fromtimestamp(stamp):%Y-%m-%d %H:%M}" in line, line
 
     line = list_line(result.stdout, real_id)
-    created = datetime.fromisoformat(records(real)[0]["created_at"])
+    created = datetime.fromisoformat(complete_lines(real.read_bytes())[0][0]["created_at"])
     assert f"created {created:%Y-%m-%d %H:%M}" in line, line
     assert count_of(line) == 3
     assert "Read notes.txt and summarise it" in line, line  # whitespace and newlines collapsed
@@ -412,7 +356,7 @@ def damaged_sessions(workdir: Path) -> dict[str, str]:
 
 def test_list_marks_every_kind_of_damaged_line(workdir: Path) -> None:
     ids = damaged_sessions(workdir)
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
     unmarked = {kind: list_line(result.stdout, i) for kind, i in ids.items()}
     unmarked = {kind: line for kind, line in unmarked.items() if "damaged lines" not in line}
@@ -425,7 +369,7 @@ def test_list_marks_every_kind_of_damaged_line(workdir: Path) -> None:
 
 def test_list_counts_the_messages_a_resume_loads(workdir: Path) -> None:
     ids = damaged_sessions(workdir)
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
     counts = {kind: count_of(list_line(result.stdout, i)) for kind, i in ids.items()}
     assert counts == dict.fromkeys(ids, 3), (
@@ -434,7 +378,7 @@ def test_list_counts_the_messages_a_resume_loads(workdir: Path) -> None:
 
 
 def test_list_with_no_sessions_says_so(workdir: Path) -> None:
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
     assert result.stdout == ""
     assert "no sessions" in result.stderr, result.stderr
@@ -442,7 +386,7 @@ def test_list_with_no_sessions_says_so(workdir: Path) -> None:
 
     (workdir / ".sessions").mkdir()
     (workdir / ".sessions" / "README").write_text("not a session")
-    result = agent(None, workdir, "--list")
+    result = run_agent("final", "--list", provider=None, cwd=workdir)
     assert_ok(result)
     assert result.stdout == ""
     assert "no sessions" in result.stderr, result.stderr
@@ -450,7 +394,7 @@ def test_list_with_no_sessions_says_so(workdir: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
 def test_help_shows_every_form(workdir: Path, flag: str) -> None:
-    result = agent(None, workdir, flag)
+    result = run_agent("final", flag, provider=None, cwd=workdir)
     assert_ok(result)
     usage = result.stdout
     for form in ['"task"', "-c ID", "-c last", "-list", "-restore FILE", "-h"]:
@@ -472,14 +416,14 @@ def test_restore_still_works(provider: FakeProvider, workdir: Path) -> None:
     assert notes.read_text(encoding="utf-8") == "version two\n"
     session_bytes = path.read_bytes()
 
-    result = agent(None, workdir, "-restore", "notes.txt")
+    result = run_agent("final", "-restore", "notes.txt", provider=None, cwd=workdir)
     assert_ok(result)
     assert notes.read_text(encoding="utf-8") == "version one\n"
     assert result.stdout.startswith("restored .trash/") and result.stdout.rstrip().endswith("-> notes.txt")
     assert path.read_bytes() == session_bytes  # -restore is not a session run
     assert len(list(path.parent.iterdir())) == 1
     # The replaced version got its own backup: restoring again brings "version two" back.
-    result = agent(None, workdir, "--restore", "notes.txt")
+    result = run_agent("final", "--restore", "notes.txt", provider=None, cwd=workdir)
     assert_ok(result)
     assert notes.read_text(encoding="utf-8") == "version two\n"
 
@@ -497,7 +441,7 @@ def test_deepseek_thinking_mode_replays_reasoning_on_tool_call_turns(provider: F
         tool_call("read_file", {"path": "notes.txt"}, call_id="call_t", reasoning="I need the file."),
         text("It says buy milk.", reasoning="Answer now."),
     )
-    stored = stored_messages(path)
+    stored = disk_messages(path)
     assert stored[2]["reasoning_content"] == "I need the file."
     assert stored[4]["reasoning_content"] == "Answer now."  # stored as received, even where it is not sent
 
@@ -507,10 +451,10 @@ def test_deepseek_thinking_mode_replays_reasoning_on_tool_call_turns(provider: F
     assert sent[2] == stored[2]  # with reasoning_content: thinking mode requires it
     assert sent[4] == {"role": "assistant", "content": "It says buy milk."}  # a plain answer's reasoning is not sent
     assert "reasoning_content" not in json.dumps(sent[4])
-    assert stored_messages(path)[:5] == stored
+    assert disk_messages(path)[:5] == stored
 
 
-BOOK_ID = "20260801-090720-56492195"
+BOOK_ID = SESSION_ID
 
 
 def book_file(workdir: Path) -> tuple[Path, list[dict]]:
@@ -534,7 +478,7 @@ def test_a_file_written_by_the_book_loads(provider: FakeProvider, workdir: Path)
     path, messages = book_file(workdir)
     before = path.read_bytes()
 
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
     line = list_line(result.stdout, BOOK_ID)
     assert "created 2026-08-01 09:07" in line, line
@@ -552,27 +496,11 @@ def test_a_file_written_by_the_book_loads(provider: FakeProvider, workdir: Path)
         {"role": "assistant", "content": "你叫小明。"},
     ]
 
-    result = agent(None, workdir, "-list")
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert count_of(list_line(result.stdout, BOOK_ID)) == 5
 
 
 # ---------------------------------------------------------------- in-process instruments
-
-
-@pytest.fixture
-def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
-    work = tmp_path / "inproc"
-    work.mkdir()
-    module = load_program("final", work, monkeypatch, api_key=KEY)
-    assert module.WORKDIR == work
-    return module
-
-
-def thread_io() -> dict[str, int]:
-    """This thread's I/O counters: write() bytes (wchar) and calls (syscw)."""
-    text_ = Path("/proc/thread-self/io").read_text()
-    return {key: int(value) for key, value in (line.split(": ") for line in text_.splitlines())}
 
 
 def history(length: int) -> list[dict]:
@@ -599,7 +527,7 @@ def test_save_writes_only_the_new_records_in_one_write(loaded, monkeypatch: pyte
         session = loaded.create_session(history(length))
         path = loaded.SESSIONS / f"{session.id}.jsonl"
         try:
-            assert len(stored_messages(path)) == length
+            assert len(disk_messages(path)) == length
             before = path.read_bytes()
             new = [
                 {"role": "user", "content": "one more question — ünïcode\u2028too"},
@@ -660,7 +588,7 @@ def test_creation_is_exclusive_private_and_durable_before_returning(loaded, monk
     monkeypatch.setattr(os, "fsync", real_fsync)
     try:
         path = loaded.SESSIONS / f"{session.id}.jsonl"
-        assert ID_SHAPE.fullmatch(session.id)
+        assert re.fullmatch(SESSION_ID_SHAPE, session.id)
         assert stat.S_IMODE(loaded.SESSIONS.stat().st_mode) == 0o700
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
 

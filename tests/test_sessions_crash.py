@@ -1,5 +1,7 @@
 """Sessions survive crashes: a cut at any byte (guarantee 3) and SIGKILL during a live run (guarantee 8).
 
+The guarantees are the ten numbered in README.md, under Sessions.
+
 The session file under test is a real one: the finished agent.py writes it,
 running against the fake provider (tool rounds, parallel calls, non-ASCII text,
 a resume). The exhaustive check cuts a copy at every byte offset and drives the
@@ -17,7 +19,6 @@ import json
 import os
 import random
 import re
-import select
 import shutil
 import signal
 import tempfile
@@ -27,10 +28,10 @@ from types import ModuleType
 
 import pytest
 
-from conftest import load_program, program, run_agent, start_agent, wait_for_file
+from conftest import load_program, run_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, sequence_error, text, tool_call, tool_calls
+from helpers import Live, assert_batches_whole, assert_sent, complete_lines, disk_messages, new_session_id
 
-AGENT = program("final")
 TORN_WARNING = "warning: dropped an incomplete last line"
 GREETING = "你好, world 🎉 — naïve café\n"
 
@@ -55,109 +56,6 @@ def fast_dir(tmp_path: Path):
         shutil.rmtree(directory, ignore_errors=True)
     else:
         yield tmp_path
-
-
-def complete_lines(data: bytes) -> tuple[list[dict], bytes]:
-    """The records of every newline-terminated line, and the torn tail after the last newline."""
-    end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[:end].split(b"\n")[:-1]], data[end:]
-
-
-def disk_messages(path: Path) -> list[dict]:
-    """Messages on disk, parsed independently of the agent; the file must be whole lines with a header."""
-    data = path.read_bytes()
-    records, torn = complete_lines(data)
-    assert torn == b"", f"torn tail on disk: {torn[:80]!r}"
-    assert records and records[0]["type"] == "meta" and records[0]["id"] == path.stem, records[:1]
-    assert all(r["type"] == "message" for r in records[1:]), records
-    return [r["message"] for r in records[1:]]
-
-
-def shape(message: dict) -> tuple:
-    calls = tuple(call["id"] for call in message.get("tool_calls") or [])
-    return message["role"], message.get("content"), message.get("tool_call_id"), calls
-
-
-def synthetic(message: dict, stored: list[dict]) -> bool:
-    """A tool result the agent made up for a call the file leaves unanswered (it reports a failure)."""
-    if message["role"] != "tool" or any(m["role"] == "tool" and m == message for m in stored):
-        return False
-    assert message["content"].startswith("error:"), message
-    return True
-
-
-def assert_sent(messages: list[dict], stored: list[dict]) -> None:
-    """What a request carried: valid for the provider, and exactly the stored history
-    (plus a system prompt if the file had none, plus a synthetic result per unanswered call)."""
-    assert sequence_error(messages) is None, (sequence_error(messages), messages)
-    assert messages[0]["role"] == "system"
-    if not stored or stored[0]["role"] != "system":
-        messages = messages[1:]
-    real = [m for m in messages if not synthetic(m, stored)]
-    assert [shape(m) for m in real] == [shape(m) for m in stored]
-    # Count the calls the file leaves unanswered, independently of the agent.
-    unanswered = 0
-    for i, message in enumerate(stored):
-        ids = [call["id"] for call in message.get("tool_calls") or []]
-        following = set()
-        for later in stored[i + 1 :]:
-            if later["role"] != "tool":
-                break
-            following.add(later.get("tool_call_id"))
-        unanswered += len([call_id for call_id in ids if call_id not in following])
-    assert len(messages) - len(real) == unanswered
-
-
-def assert_batches_whole(messages: list[dict]) -> None:
-    """Guarantee 5 on disk: every tool-call message is directly followed by all of its results."""
-    for i, message in enumerate(messages):
-        ids = [call["id"] for call in message.get("tool_calls") or []]
-        if ids:
-            after = [m.get("tool_call_id") if m["role"] == "tool" else None for m in messages[i + 1 : i + 1 + len(ids)]]
-            assert after == ids, f"message {i} calls {ids} but is followed by {after}"
-
-
-class Live:
-    """The real agent.py running as a subprocess, with its stderr readable while it runs."""
-
-    def __init__(self, *args: str, provider: FakeProvider, cwd: Path, stdin: bytes = b"") -> None:
-        self.proc = start_agent("final", *args, provider=provider, cwd=cwd)
-        if stdin:
-            self.proc.stdin.write(stdin)
-            self.proc.stdin.flush()
-        self.err = b""
-
-    def wait_stderr(self, needle: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        fd = self.proc.stderr.fileno()
-        while needle.encode() not in self.err:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{needle!r} never appeared on stderr: {self.err.decode(errors='replace')}")
-            if select.select([fd], [], [], left)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise AssertionError(f"agent exited before printing {needle!r}: {self.err.decode()}")
-                self.err += chunk
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
-    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode, out.decode(), (self.err + err).decode()
-
-
-def new_session_id(stderr: str) -> str:
-    match = re.search(r"\[new session (\d{8}-\d{6}-[0-9a-f]{8})\]", stderr)
-    assert match, stderr
-    return match.group(1)
 
 
 # ---------------------------------------------------------------- a real multi-round session file
@@ -316,7 +214,7 @@ def test_sample_of_cuts_resumes_end_to_end(real_session: tuple[str, bytes], tmp_
                 work = cases[name][0]
                 fp = stack.enter_context(FakeProvider())
                 fp.script(text(answer))
-                runs[name] = (fp, Live("-c", session_id, task, provider=fp, cwd=work))
+                runs[name] = (fp, Live("final", "-c", session_id, task, provider=fp, cwd=work))
             return {name: (*live.finish(), fp.chat_requests) for name, (fp, live) in runs.items()}
 
     first = run_all("more", "ok 👍", set(cases))
@@ -440,7 +338,7 @@ def test_sigkill_at_many_points_of_live_runs(workdir: Path, sleepers: list[int])
         replies = live_replies(run, kill)
         with FakeProvider() as fp:
             fp.script(*replies)
-            live = Live(*args, provider=fp, cwd=workdir, stdin=b"y\n" if kind == "running" else b"")
+            live = Live("final", *args, provider=fp, cwd=workdir, stdin=b"y\n" if kind == "running" else b"")
             try:
                 if kind == "pause":
                     fp.wait_paused()
@@ -520,7 +418,7 @@ def test_sigkill_at_startup_never_announces_a_session_that_is_not_on_disk(
         work.mkdir()
         with FakeProvider() as fp:
             fp.script(text("never read"))
-            live = Live("a task 🚀", provider=fp, cwd=work)
+            live = Live("final", "a task 🚀", provider=fp, cwd=work)
             if delay is None:
                 live.wait_stderr("[new session")
             else:

@@ -1,79 +1,39 @@
 """Sessions through failures: API errors and broken streams at every point of a round,
 Ctrl-C, two runs on one session, and a crash inside a tool batch.
 
-Guarantees 5, 6 and 8 of DESIGN.md. The real agent.py runs as a subprocess against
-the fake provider. Each failure is followed by a `-c ID` run, so every step also
-proves that the previous failure left a session that resumes with a history the
-provider accepts.
+Guarantees 5, 6 and 8 of the ten numbered in README.md, under Sessions. The
+real agent.py runs as a subprocess against the fake provider. Each failure is
+followed by a `-c ID` run, so every step also proves that the previous failure
+left a session that resumes with a history the provider accepts.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import select
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from conftest import run_agent, start_agent, wait_for_file
+from conftest import run_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, error, sequence_error, text, tool_call
-
-SESSION_ID = "20260801-090720-56492195"
-
+from helpers import (
+    SESSION_ID,
+    Live,
+    assert_sent,
+    disk_messages,
+    hint,
+    kill_quietly,
+    message_line,
+    put_session,
+    round_shapes,
+    session_bytes,
+    shape,
+    stderr_lines,
+    wait_dead,
+)
 
 # ---------------------------------------------------------------- helpers
-
-
-def disk_messages(path: Path) -> list[dict]:
-    """Messages on disk, parsed independently of the agent; the file must be whole lines with a header."""
-    data = path.read_bytes()
-    assert data.endswith(b"\n"), f"torn tail on disk: {data[-80:]!r}"
-    records = [json.loads(line) for line in data.split(b"\n")[:-1]]
-    assert records[0]["type"] == "meta" and records[0]["id"] == path.stem, records[:1]
-    assert all(r["type"] == "message" for r in records[1:]), records
-    return [r["message"] for r in records[1:]]
-
-
-def shape(message: dict) -> tuple:
-    """What identifies a message in a history; tool results by the call they answer."""
-    calls = tuple(call["id"] for call in message.get("tool_calls") or [])
-    content = "<result>" if message["role"] == "tool" else message.get("content")
-    return message["role"], content, message.get("tool_call_id"), calls
-
-
-def round_shapes(*replies: Reply) -> list[tuple]:
-    """The messages that completed tool rounds leave on disk: each call, then its results."""
-    out = []
-    for reply in replies:
-        out.append(("assistant", reply.content, None, tuple(c[0] for c in reply.tool_calls)))
-        out += [("tool", "<result>", c[0], ()) for c in reply.tool_calls]
-    return out
-
-
-def synthetic(message: dict, stored: list[dict]) -> bool:
-    """A tool result the agent made up for a call the file leaves unanswered (it reports a failure)."""
-    if message["role"] != "tool" or any(m["role"] == "tool" and m == message for m in stored):
-        return False
-    assert message["content"].startswith("error:"), message
-    return True
-
-
-def assert_sent(messages: list[dict], stored: list[dict]) -> None:
-    """A request that carries exactly the stored history, valid for the provider."""
-    assert sequence_error(messages) is None, (sequence_error(messages), messages)
-    real = [m for m in messages if not synthetic(m, stored)]
-    assert [shape(m) for m in real] == [shape(m) for m in stored]
-
-
-def hint(session_id: str) -> str:
-    return f"[session {session_id} — continue with: -c {session_id}]"
-
-
-def stderr_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip()]
 
 
 def assert_failed(result: subprocess.CompletedProcess, session_id: str, needle: str) -> None:
@@ -133,69 +93,9 @@ class Chain:
         return result, requests, self.check(task, result.stderr, requests)
 
 
-class Live:
-    """The real agent.py running as a subprocess, with its stderr readable while it runs."""
-
-    def __init__(self, *args: str, provider: FakeProvider, cwd: Path, stdin: bytes = b"") -> None:
-        self.proc = start_agent("final", *args, provider=provider, cwd=cwd)
-        if stdin:
-            self.proc.stdin.write(stdin)
-            self.proc.stdin.flush()
-        self.out = b""
-        self.err = b""
-
-    def wait_stderr(self, needle: str, timeout: float = 30) -> None:
-        self.err = self._wait(self.proc.stderr, self.err, needle, timeout)
-
-    def wait_stdout(self, needle: str, timeout: float = 30) -> None:
-        self.out = self._wait(self.proc.stdout, self.out, needle, timeout)
-
-    @staticmethod
-    def _wait(pipe, seen: bytes, needle: str, timeout: float) -> bytes:
-        deadline = time.monotonic() + timeout
-        while needle.encode() not in seen:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{needle!r} never appeared: {seen.decode(errors='replace')}")
-            if select.select([pipe.fileno()], [], [], left)[0]:
-                chunk = os.read(pipe.fileno(), 65536)
-                if not chunk:
-                    raise AssertionError(f"agent exited before printing {needle!r}: {seen.decode()}")
-                seen += chunk
-        return seen
-
-    def finish(self, timeout: float = 60) -> tuple[int, str, str]:
-        try:
-            out, err = self.proc.communicate(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode, (self.out + out).decode(), (self.err + err).decode()
-
-
-def record(data: dict) -> bytes:
-    return json.dumps(data, ensure_ascii=False).encode() + b"\n"
-
-
 def write_session(work: Path, messages: list[dict], tail: bytes = b"") -> Path:
     """A session file in the documented format, written by hand: header, one line per message."""
-    sessions = work / ".sessions"
-    sessions.mkdir(mode=0o700, exist_ok=True)
-    path = sessions / f"{SESSION_ID}.jsonl"
-    header = {"type": "meta", "id": SESSION_ID, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
-    data = record(header) + b"".join(record({"type": "message", "message": m}) for m in messages) + tail
-    path.write_bytes(data)
-    path.chmod(0o600)
-    return path
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
+    return put_session(work, session_bytes(*messages) + tail)
 
 
 # ---------------------------------------------------------------- API failures (guarantee 8)
@@ -299,6 +199,8 @@ def interrupted(code: int, err: str, session_id: str) -> None:
 
 
 def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
+    """Every wait here is bounded (Live waits at most 30 s for output and 30 s for the exit, then kills),
+    so a run that never stops fails this test instead of stalling the suite."""
     (workdir / "notes.txt").write_text("notes ✏️\n", encoding="utf-8")
     chain = Chain(workdir)
 
@@ -306,11 +208,11 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
     read = tool_call("read_file", {"path": "notes.txt"}, call_id="call_c1")
     with FakeProvider() as fp:
         fp.script(read, text("a long answer about the notes", pieces=5, pause_after=3))
-        live = Live(*chain.args("read the notes"), provider=fp, cwd=workdir)
-        fp.wait_paused()
-        live.wait_stdout("a long answe")  # the two pieces sent before the pause are on the screen
-        live.proc.send_signal(signal.SIGINT)
-        code, out, err = live.finish()
+        with Live("final", *chain.args("read the notes"), provider=fp, cwd=workdir) as live:
+            fp.wait_paused(timeout=30)
+            live.wait_stdout("a long answe")  # the two pieces sent before the pause are on the screen
+            live.signal(signal.SIGINT)
+            code, out, err = live.finish(timeout=30)
         requests = fp.chat_requests
     added = chain.check("read the notes", err, requests)
     interrupted(code, err, chain.id)
@@ -320,28 +222,26 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
     # Mid-tool: waiting at the approval prompt.
     with FakeProvider() as fp:
         fp.script(tool_call("bash", {"command": "sleep 0 && echo 等待"}, call_id="call_c2"))
-        live = Live(*chain.args("run it"), provider=fp, cwd=workdir)
-        live.wait_stderr("allow? (y/N)")
-        live.proc.send_signal(signal.SIGINT)
-        code, out, err = live.finish()
+        with Live("final", *chain.args("run it"), provider=fp, cwd=workdir) as live:
+            live.wait_stderr("allow? (y/N)")
+            live.signal(signal.SIGINT)
+            code, out, err = live.finish(timeout=30)
         requests = fp.chat_requests
     assert chain.check("run it", err, requests) == []
     interrupted(code, err, chain.id)
 
     # Mid-tool: an approved command is running; Ctrl-C also stops the command.
-    pid_file = workdir / "pid.txt"
     sleeper = None
     with FakeProvider() as fp:
         fp.script(tool_call("bash", {"command": "echo $$ > pid.txt && exec sleep 30"}, call_id="call_c3"))
-        live = Live(*chain.args("run the long one"), provider=fp, cwd=workdir, stdin=b"y\n")
-        try:
-            sleeper = int(wait_for_file(pid_file))
-            live.proc.send_signal(signal.SIGINT)
-            code, out, err = live.finish()
-            assert not alive(sleeper), "the running command survived Ctrl-C"
-        finally:
-            if sleeper and alive(sleeper):
-                os.kill(sleeper, signal.SIGKILL)
+        with Live("final", *chain.args("run the long one"), provider=fp, cwd=workdir, stdin=b"y\n") as live:
+            try:
+                sleeper = int(wait_for_file(workdir / "pid.txt", timeout=30))
+                live.signal(signal.SIGINT)
+                code, out, err = live.finish(timeout=30)
+                assert wait_dead(sleeper), "the running command survived Ctrl-C"
+            finally:
+                kill_quietly(sleeper)
         requests = fp.chat_requests
     assert chain.check("run the long one", err, requests) == []
     interrupted(code, err, chain.id)
@@ -364,7 +264,7 @@ def test_a_second_run_on_a_session_in_use_stops_at_once(workdir: Path) -> None:
     path = write_session(workdir, ORIGINAL)
     with FakeProvider() as fp:
         fp.script(text("answer from A 你好", pieces=4, pause_after=2))
-        run_a = Live("-c", SESSION_ID, "follow-up from A", provider=fp, cwd=workdir)
+        run_a = Live("final", "-c", SESSION_ID, "follow-up from A", provider=fp, cwd=workdir)
         try:
             fp.wait_paused()  # A holds the session and is mid-stream
             held = path.read_bytes()
@@ -410,7 +310,7 @@ def test_crash_inside_a_tool_batch_resumes_with_synthetic_results(workdir: Path)
         {"role": "tool", "tool_call_id": "call_t1", "content": "a.txt\nb.txt\n"},
     ]
     # The batch's write was cut short inside the second result: a hand-made crash.
-    torn = record({"type": "message", "message": {"role": "tool", "tool_call_id": "call_t2", "content": "内容"}})
+    torn = message_line({"role": "tool", "tool_call_id": "call_t2", "content": "内容"})
     torn = torn[: len(torn) // 2]
     path = write_session(workdir, stored, tail=torn)
     complete = path.read_bytes()[: -len(torn)]

@@ -1,4 +1,4 @@
-"""Sessions: a table of bad and odd inputs (chapter 11, agent.py).
+"""Sessions: a table of bad and odd inputs (agent.py).
 
 Bad inputs are errors: one `error:` line on stderr, exit 1, no traceback,
 nothing changed on disk, no request to the provider. Odd files must load
@@ -27,13 +27,25 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hermetic_env, load_program, program
+from conftest import run_agent
 from fake_provider import FakeProvider, sequence_error, text, tool_call
+from helpers import (
+    SESSION_ID,
+    appended,
+    assert_ok,
+    assert_one_error_line,
+    call,
+    header_line,
+    message_line,
+    put_session,
+    resumed,
+    session_bytes,
+    snapshot,
+    warnings,
+)
 
-AGENT = program("final")
-ID = "20260801-090720-56492195"
+ID = SESSION_ID
 OTHER_ID = "20260802-101010-0badf00d"
-RESUMED = re.compile(r"^\[resumed session (\S+), (\d+) messages\]$")
 NOBODY = 65534
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -45,106 +57,8 @@ FOLLOW_UP = "What is my name?"
 # ---------------------------------------------------------------- helpers
 
 
-def agent(
-    provider: FakeProvider | None,
-    workdir: Path,
-    *args: str,
-    python: str = sys.executable,
-    timeout: float = 120,
-    **options,
-) -> subprocess.CompletedProcess:
-    """Run agent.py to completion; options go to subprocess.run (user=, preexec_fn=, ...)."""
-    env = hermetic_env(provider, workdir.parent, **options.pop("env", {}))
-    return subprocess.run(
-        [python, str(AGENT), *args],
-        cwd=workdir,
-        env=env,
-        input="",
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        timeout=timeout,
-        umask=0o022,
-        **options,
-    )
-
-
-def header(session_id: str = ID) -> bytes:
-    meta = {"type": "meta", "id": session_id, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
-    return json.dumps(meta).encode() + b"\n"
-
-
-def line(message: dict) -> bytes:
-    return json.dumps({"type": "message", "message": message}, ensure_ascii=False).encode() + b"\n"
-
-
-def session_bytes(*messages: dict, session_id: str = ID) -> bytes:
-    return header(session_id) + b"".join(line(m) for m in messages)
-
-
-def put(workdir: Path, data: bytes, session_id: str = ID) -> Path:
-    sessions = workdir / ".sessions"
-    sessions.mkdir(mode=0o700, exist_ok=True)
-    path = sessions / f"{session_id}.jsonl"
-    path.write_bytes(data)
-    return path
-
-
-def snapshot(root: Path) -> dict[str, tuple[str, int, bytes | None]]:
-    """Every path under root: kind, mode and bytes, to prove that nothing changed."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        info = path.lstat()
-        if path.is_symlink():
-            out[str(path.relative_to(root))] = ("link", info.st_mode, os.readlink(path).encode())
-        elif path.is_dir():
-            out[str(path.relative_to(root))] = ("dir", info.st_mode, None)
-        else:
-            try:
-                data = path.read_bytes()
-            except OSError:
-                data = None
-            out[str(path.relative_to(root))] = ("file", info.st_mode, data)
-    return out
-
-
-def assert_ok(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-
-
-def assert_one_error_line(result: subprocess.CompletedProcess, *needles: str) -> None:
-    """A clean failure: exit 1, no traceback, and stderr is exactly one line, `error: ...`."""
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-
-
 def error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [text_ for text_ in result.stderr.splitlines() if text_.startswith("error:")]
-
-
-def resumed(result: subprocess.CompletedProcess) -> tuple[str, int]:
-    found = [RESUMED.match(text_) for text_ in result.stderr.splitlines()]
-    found = [m for m in found if m]
-    assert len(found) == 1, result.stderr
-    return found[0].group(1), int(found[0].group(2))
-
-
-def warnings(result: subprocess.CompletedProcess) -> list[str]:
-    return [text_ for text_ in result.stderr.splitlines() if text_.startswith("warning:")]
-
-
-def appended(before: bytes, after: bytes) -> list[dict]:
-    """The records added after the old bytes, which must be untouched."""
-    assert after[: len(before)] == before, "the old bytes of the session changed"
-    tail = after[len(before) :]
-    assert tail.endswith(b"\n"), tail[-200:]
-    return [json.loads(text_) for text_ in tail.split(b"\n")[:-1]]
 
 
 def new_records(task: str, answer: str) -> list[dict]:
@@ -158,8 +72,8 @@ def new_records(task: str, answer: str) -> list[dict]:
 
 
 def two_sessions(workdir: Path) -> None:
-    put(workdir, session_bytes(SYSTEM, USER, ANSWER))
-    put(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
+    put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    put_session(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
 
 
 def jsonl_is_a_directory(workdir: Path) -> None:
@@ -209,7 +123,7 @@ def test_bad_input_is_one_clean_error(
     setup(workdir)
     (workdir / "notes.txt").write_text("a file of the project\n")
     before = snapshot(workdir)
-    result = agent(provider, workdir, *args)
+    result = run_agent("final", *args, provider=provider, cwd=workdir)
     assert_one_error_line(result, *needles)
     assert len(result.stderr) < 300, result.stderr  # one readable line, not the input echoed back
     assert result.stdout == ""
@@ -230,7 +144,7 @@ USAGE_ERRORS = [
 def test_incomplete_command_line_prints_usage(provider: FakeProvider, workdir: Path, args: list[str]) -> None:
     two_sessions(workdir)
     before = snapshot(workdir)
-    result = agent(provider, workdir, *args)
+    result = run_agent("final", *args, provider=provider, cwd=workdir)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     # One `error: usage: ...` line, or (the allowed exception) a usage block.
@@ -292,7 +206,7 @@ def restricted():
         work.mkdir()
 
         def run(provider, *args):
-            return agent(provider, work, *args)
+            return run_agent("final", *args, provider=provider, cwd=work)
 
         try:
             yield work, run, None
@@ -315,15 +229,14 @@ def restricted():
     os.chown(work, NOBODY, NOBODY)
 
     def run(provider, *args):
-        return agent(
-            provider,
-            work,
+        return run_agent(
+            "final",
             *args,
+            provider=provider,
+            cwd=work,
             python=python,
-            user=NOBODY,
-            group=NOBODY,
-            extra_groups=[],
-            env={"PYTHONPATH": venv_site_packages()},
+            options={"user": NOBODY, "group": NOBODY, "extra_groups": []},
+            PYTHONPATH=venv_site_packages(),
         )
 
     try:
@@ -342,8 +255,8 @@ def test_unreadable_session_file(provider: FakeProvider, restricted) -> None:
     sessions = workdir / ".sessions"
     sessions.mkdir(mode=0o700)
     give(sessions, owner)
-    locked = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
-    readable = put(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
+    locked = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    readable = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER, session_id=OTHER_ID), session_id=OTHER_ID)
     for path in (locked, readable):
         give(path, owner)
     locked.chmod(0o000)
@@ -389,10 +302,18 @@ def file_size_limit(limit: int) -> Callable[[], None]:
 
 
 def test_full_disk_when_saving_the_follow_up(provider: FakeProvider, workdir: Path) -> None:
-    path = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    path = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
     before = path.read_bytes()
     provider.script(text("never asked"))
-    result = agent(provider, workdir, "-c", ID, FOLLOW_UP, preexec_fn=file_size_limit(len(before) + 20))
+    result = run_agent(
+        "final",
+        "-c",
+        ID,
+        FOLLOW_UP,
+        provider=provider,
+        cwd=workdir,
+        options={"preexec_fn": file_size_limit(len(before) + 20)},
+    )
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert len(error_lines(result)) == 1, result.stderr
@@ -402,22 +323,22 @@ def test_full_disk_when_saving_the_follow_up(provider: FakeProvider, workdir: Pa
 
     provider.replies.clear()
     provider.script(text("Your name is Xiaoming."))
-    result = agent(provider, workdir, "-c", ID, FOLLOW_UP)
+    result = run_agent("final", "-c", ID, FOLLOW_UP, provider=provider, cwd=workdir)
     assert_ok(result)
-    assert resumed(result) == (ID, 3)
-    assert warnings(result) == []
+    assert resumed(result.stderr) == (ID, 3)
+    assert warnings(result.stderr) == []
     assert appended(before, path.read_bytes()) == new_records(FOLLOW_UP, "Your name is Xiaoming.")
 
 
 def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path) -> None:
     (workdir / "big.txt").write_text("x" * 10_000)
-    path = put(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    path = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
     before = path.read_bytes()
-    user_record = line({"role": "user", "content": "Read big.txt"})
+    user_record = message_line({"role": "user", "content": "Read big.txt"})
     provider.script(tool_call("read_file", {"path": "big.txt"}, call_id="call_big"), text("never asked"))
     # Room for the question, not for the round with the 10 KB tool result.
     limit = file_size_limit(len(before) + len(user_record) + 2000)
-    result = agent(provider, workdir, "-c", ID, "Read big.txt", preexec_fn=limit)
+    result = run_agent("final", "-c", ID, "Read big.txt", provider=provider, cwd=workdir, options={"preexec_fn": limit})
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert len(error_lines(result)) == 1, result.stderr
@@ -430,10 +351,10 @@ def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path)
 
     provider.replies.clear()
     provider.script(text("It is ten thousand x."))
-    result = agent(provider, workdir, "-c", ID, "Try again")
+    result = run_agent("final", "-c", ID, "Try again", provider=provider, cwd=workdir)
     assert_ok(result)
-    assert resumed(result) == (ID, 4)
-    assert warnings(result) == []
+    assert resumed(result.stderr) == (ID, 4)
+    assert warnings(result.stderr) == []
     assert provider.chat_requests[-1]["messages"][1:] == [
         USER,
         ANSWER,
@@ -444,7 +365,9 @@ def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path)
 
 def test_full_disk_for_a_new_session(provider: FakeProvider, workdir: Path) -> None:
     provider.script(text("never asked"))
-    result = agent(provider, workdir, "a new task", preexec_fn=file_size_limit(100))
+    result = run_agent(
+        "final", "a new task", provider=provider, cwd=workdir, options={"preexec_fn": file_size_limit(100)}
+    )
     assert_one_error_line(result)
     assert provider.requests == []
     assert list((workdir / ".sessions").glob("*")) == []  # no empty or half-written session left behind
@@ -460,32 +383,40 @@ def crlf(data: bytes) -> bytes:
 BIG = "0123456789abcdef" * (20 * 1024 * 1024 // 16)  # a 20 MB tool result is legal
 SEPARATORS = {"role": "user", "content": "line\u2028separator and\u2029paragraph, still one message"}
 NON_UTF8 = b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}'
-GLUED = line({"role": "user", "content": "glued"}).rstrip(b"\n") + line({"role": "assistant", "content": "x"})
+GLUED = message_line({"role": "user", "content": "glued"}).rstrip(b"\n") + message_line(
+    {"role": "assistant", "content": "x"}
+)
 
 # name -> (file bytes, messages the loader must keep, damaged line numbers it must name)
 ODD = {
     "empty file": (b"", [], []),
-    "header only": (header(), [], []),
-    "no header": (b"".join(line(m) for m in (SYSTEM, USER, ANSWER)), [SYSTEM, USER, ANSWER], []),
+    "header only": (header_line(), [], []),
+    "no header": (b"".join(message_line(m) for m in (SYSTEM, USER, ANSWER)), [SYSTEM, USER, ANSWER], []),
     "bad JSON in the middle": (
-        session_bytes(SYSTEM, USER) + b'{"type": "message", "message": {"role": "assistant", "cont\n' + line(ANSWER),
+        session_bytes(SYSTEM, USER)
+        + b'{"type": "message", "message": {"role": "assistant", "cont\n'
+        + message_line(ANSWER),
         [SYSTEM, USER, ANSWER],
         [4],
     ),
-    "non-UTF-8 line": (session_bytes(SYSTEM, USER) + NON_UTF8 + b"\n" + line(ANSWER), [SYSTEM, USER, ANSWER], [4]),
+    "non-UTF-8 line": (
+        session_bytes(SYSTEM, USER) + NON_UTF8 + b"\n" + message_line(ANSWER),
+        [SYSTEM, USER, ANSWER],
+        [4],
+    ),
     "NUL run line": (
-        session_bytes(SYSTEM) + b"\0" * 4096 + b"\n" + line(USER) + line(ANSWER),
+        session_bytes(SYSTEM) + b"\0" * 4096 + b"\n" + message_line(USER) + message_line(ANSWER),
         [SYSTEM, USER, ANSWER],
         [3],
     ),
     "unknown record type": (
-        session_bytes(SYSTEM, USER) + b'{"type": "title", "title": "names"}\n' + line(ANSWER),
+        session_bytes(SYSTEM, USER) + b'{"type": "title", "title": "names"}\n' + message_line(ANSWER),
         [SYSTEM, USER, ANSWER],
         [4],
     ),
-    "two records glued": (session_bytes(SYSTEM, USER) + GLUED + line(ANSWER), [SYSTEM, USER, ANSWER], [4]),
+    "two records glued": (session_bytes(SYSTEM, USER) + GLUED + message_line(ANSWER), [SYSTEM, USER, ANSWER], [4]),
     "two damaged lines": (
-        session_bytes(SYSTEM) + b"garbage\n" + line(USER) + b"\0\0\0\n" + line(ANSWER),
+        session_bytes(SYSTEM) + b"garbage\n" + message_line(USER) + b"\0\0\0\n" + message_line(ANSWER),
         [SYSTEM, USER, ANSWER],
         [3, 5],
     ),
@@ -507,19 +438,19 @@ def test_odd_file_loads(provider: FakeProvider, workdir: Path, case: str) -> Non
     data, kept, damaged = ODD[case]
     if case == "U+2028 and U+2029 in content":
         assert "\u2028".encode() in data and b"\\u2028" not in data  # raw in the file, where splitlines() would split
-    path = put(workdir, data)
+    path = put_session(workdir, data)
     provider.script(text("Your name is Xiaoming."))
-    result = agent(provider, workdir, "-c", ID, FOLLOW_UP, timeout=180)
+    result = run_agent("final", "-c", ID, FOLLOW_UP, provider=provider, cwd=workdir, timeout=180)
     assert_ok(result)
-    assert resumed(result) == (ID, len(kept))
+    assert resumed(result.stderr) == (ID, len(kept))
 
     # Damage is reported by line number, once; undamaged files get no warning at all.
     if damaged:
-        assert len(warnings(result)) == 1, result.stderr
-        numbers = [int(n) for n in re.findall(r"\b(\d+)\b", warnings(result)[0].split(ID)[0])]
+        assert len(warnings(result.stderr)) == 1, result.stderr
+        numbers = [int(n) for n in re.findall(r"\b(\d+)\b", warnings(result.stderr)[0].split(ID)[0])]
         assert numbers == damaged, result.stderr
     else:
-        assert warnings(result) == [], result.stderr
+        assert warnings(result.stderr) == [], result.stderr
 
     # The valid history went out, intact, followed by the new question.
     sent = provider.chat_requests[0]["messages"]
@@ -541,22 +472,22 @@ def test_odd_file_loads(provider: FakeProvider, workdir: Path, case: str) -> Non
     if case not in KEEPS_WORKING:
         return
     provider.script(text("Still Xiaoming."))
-    result = agent(provider, workdir, "-c", ID, "Again?", timeout=180)
+    result = run_agent("final", "-c", ID, "Again?", provider=provider, cwd=workdir, timeout=180)
     assert_ok(result)
-    assert resumed(result) == (ID, len(kept) + 2)
-    assert len(warnings(result)) == (1 if damaged else 0), result.stderr
+    assert resumed(result.stderr) == (ID, len(kept) + 2)
+    assert len(warnings(result.stderr)) == (1 if damaged else 0), result.stderr
 
 
 def test_u2028_round_trip_through_a_new_session(provider: FakeProvider, workdir: Path) -> None:
     task = "first\u2028second\u2029third\r\nfourth \\u2028 literal"
     provider.script(text("a\u2028b"), text("done"))
-    result = agent(provider, workdir, task)
+    result = run_agent("final", task, provider=provider, cwd=workdir)
     assert_ok(result)
     session_id = re.match(r"\[new session (\S+)\]", result.stderr).group(1)
-    result = agent(provider, workdir, "-c", session_id, "next")
+    result = run_agent("final", "-c", session_id, "next", provider=provider, cwd=workdir)
     assert_ok(result)
-    assert resumed(result) == (session_id, 3)
-    assert warnings(result) == []
+    assert resumed(result.stderr) == (session_id, 3)
+    assert warnings(result.stderr) == []
     sent = provider.chat_requests[-1]["messages"]
     assert sent[1:] == [
         {"role": "user", "content": task},
@@ -566,10 +497,6 @@ def test_u2028_round_trip_through_a_new_session(provider: FakeProvider, workdir:
 
 
 # ---------------------------------------------------------------- guarantee 5: always a valid conversation
-
-
-def call(call_id: str, name: str = "read_file", arguments: str = '{"path": "a.txt"}') -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def calling(*ids: str) -> dict:
@@ -626,27 +553,18 @@ def assert_repaired(sent: list[dict], expected: list) -> None:
 @pytest.mark.parametrize("case", list(REPAIRS))
 def test_broken_tool_sequences_are_repaired_in_memory(provider: FakeProvider, workdir: Path, case: str) -> None:
     stored, expected = REPAIRS[case]
-    path = put(workdir, session_bytes(*stored))
+    path = put_session(workdir, session_bytes(*stored))
     before = path.read_bytes()
     provider.script(text("Done."))
-    result = agent(provider, workdir, "-c", ID, FOLLOW_UP)
+    result = run_agent("final", "-c", ID, FOLLOW_UP, provider=provider, cwd=workdir)
     assert_ok(result)  # the fake provider answers 400 to an invalid sequence
-    assert resumed(result) == (ID, len(stored))
+    assert resumed(result.stderr) == (ID, len(stored))
     sent = provider.chat_requests[0]["messages"]
     assert sequence_error(sent) is None
     assert sent[-1] == {"role": "user", "content": FOLLOW_UP}
     assert_repaired(sent[:-1], expected)
     # The repair lives in the request only: the file just gained the new records.
     assert appended(before, path.read_bytes()) == new_records(FOLLOW_UP, "Done.")
-
-
-@pytest.fixture
-def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """agent.py as a module, with its working directory (read at import) a fresh temp dir."""
-    work = tmp_path / "inproc"
-    work.mkdir()
-    module = load_program("final", work, monkeypatch)
-    return module
 
 
 def test_every_short_history_becomes_a_valid_request(loaded) -> None:
@@ -723,9 +641,9 @@ def test_parse_keeps_valid_records_around_every_kind_of_damage(loaded) -> None:
     ]
     for bad in bad_lines:
         for position in range(1, len(messages) + 1):
-            lines = [line(m) for m in messages]
+            lines = [message_line(m) for m in messages]
             lines.insert(position, bad + b"\n")
-            data = header() + b"".join(lines)
+            data = header_line() + b"".join(lines)
             for variant in (data, crlf(data)):
                 parsed, damaged, complete = loaded.parse_session(variant)
                 assert parsed == messages, (bad, position)
@@ -774,7 +692,7 @@ MALFORMED_IDS = [
 def test_a_malformed_id_never_reaches_the_filesystem(loaded, wanted: str) -> None:
     """Guarantee 7, instrumented: a malformed ID is refused before any open, listing or stat-by-name."""
     global AUDIT
-    put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
+    put_session(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
     AUDIT = []
     try:
         with pytest.raises(loaded.Failure) as caught:
@@ -788,7 +706,7 @@ def test_a_malformed_id_never_reaches_the_filesystem(loaded, wanted: str) -> Non
 
 def test_a_well_formed_unknown_id_only_lists_the_directory(loaded) -> None:
     global AUDIT
-    put(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
+    put_session(loaded.WORKDIR, session_bytes(SYSTEM, USER, ANSWER))
     AUDIT = []
     try:
         with pytest.raises(loaded.Failure):
@@ -796,4 +714,9 @@ def test_a_well_formed_unknown_id_only_lists_the_directory(loaded) -> None:
         events = AUDIT
     finally:
         AUDIT = None
-    assert [event for event, _ in events] == ["os.listdir"], events
+    # One listing of .sessions, nothing else: Path.iterdir() lists with os.listdir before
+    # Python 3.13 and with os.scandir from 3.13 on. No open, no stat, nothing by name.
+    assert len(events) == 1, events
+    event, args = events[0]
+    assert event in ("os.listdir", "os.scandir"), events
+    assert os.fspath(args[0]) == str(loaded.SESSIONS), events
