@@ -13,7 +13,9 @@ Every reply is a `Reply`; the helpers below build the common ones. A request
 that arrives when the script is empty gets HTTP 500 "no scripted reply", so a
 test that expected fewer requests fails loudly.
 
-Wire shapes follow shared/reference/protocol.md.
+Wire shapes follow what DeepSeek, OpenAI, Kimi and Ollama send: SSE chunks
+with usage where each of them puts it, tool calls in fragments or whole, error
+bodies, and DeepSeek's checks of the message sequence.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def _next_id() -> str:
         return f"{_id_counter:024d}"
 
 
-# Error bodies as the providers send them (protocol.md §2.6, §3).
+# Error bodies as DeepSeek sends them: a message and a type for each status.
 DEEPSEEK_ERRORS = {
     400: ("Model Not Exist", "invalid_request_error"),
     401: ("Authentication Fails, Your api key: ****abcd is invalid", "authentication_error"),
@@ -127,7 +129,9 @@ def anthropic_text(
 
 
 def sequence_error(messages: list[dict], thinking: bool = False, legacy_reasoner: bool = False) -> str | None:
-    """DeepSeek's message-sequence checks (protocol.md §5, §2.4); None if valid."""
+    """The checks DeepSeek makes on a request's messages (each failure is an HTTP 400
+    with this message): tool results must answer the calls just before them, and
+    thinking mode wants reasoning_content back on tool-call turns. None if valid."""
     pending: set[str] = set()
     for i, msg in enumerate(messages):
         role = msg.get("role")

@@ -16,7 +16,17 @@ import pytest
 
 from conftest import assert_clean_failure, run_agent
 from fake_provider import FakeProvider, Reply, error, text, tool_call, tool_calls
-from helpers import chapter_output, conversation, free_port, has_summary, round_lines, summary, tool_messages
+from helpers import (
+    assert_ok,
+    call,
+    chapter_output,
+    conversation,
+    free_port,
+    has_summary,
+    round_lines,
+    summary,
+    tool_messages,
+)
 
 CHAPTER = 5
 both = pytest.mark.parametrize("chapter", [CHAPTER, "final"])
@@ -29,15 +39,6 @@ def run(
     """Run the program on TASK; what it printed, as chapter 5 prints it (see helpers.chapter_output)."""
     provider.script(*replies)
     return chapter_output(chapter, run_agent(chapter, TASK, provider=provider, cwd=workdir, **env))
-
-
-def assert_success(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-
-
-def assistant_call(call_id: str, name: str, arguments: str) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 # ---------------------------------------------------------------- the loop
@@ -54,7 +55,7 @@ def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path, ch
         tool_call("read_file", {"path": "notes.txt"}, call_id=call_id, prompt_tokens=99),
         text("The notes say: buy milk.", prompt_tokens=1234, keepalive=2),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "The notes say: buy milk.\n"
     assert round_lines(result.stderr) == ['[round 1] read_file({"path": "notes.txt"})']
     found = summary(chapter, result.stderr)
@@ -77,7 +78,7 @@ def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path, ch
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [assistant_call(call_id, "read_file", '{"path": "notes.txt"}')],
+            "tool_calls": [call(call_id, "read_file", '{"path": "notes.txt"}')],
         },
         {"role": "tool", "tool_call_id": call_id, "content": "buy milk\nwater the plants\n"},
     ]
@@ -99,7 +100,7 @@ def test_kimi_usage_inside_the_choice_does_not_break_the_run(
         tool_call("read_file", {"path": "notes.txt"}, prompt_tokens=99, usage_style=usage_style),
         text("It says hi.", prompt_tokens=321, usage_style=usage_style),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "It says hi.\n"
     found = summary(chapter, result.stderr)
     assert (found.rounds, found.tokens, found.finish) == ("2", "?", "stop")
@@ -138,7 +139,7 @@ def test_parallel_tool_calls_answered_in_order(
         ),
         text("Done.", usage_style=usage_style, prompt_tokens=77),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "Done.\n"
     assert round_lines(result.stderr) == [f"[round 1] read_file({args})" for args in raw]
     found = summary(chapter, result.stderr)
@@ -149,7 +150,7 @@ def test_parallel_tool_calls_answered_in_order(
     assert messages[1] == {
         "role": "assistant",
         "content": None,
-        "tool_calls": [assistant_call(i, "read_file", args) for i, args in zip(ids, raw, strict=True)],
+        "tool_calls": [call(i, "read_file", args) for i, args in zip(ids, raw, strict=True)],
     }
     assert [m["tool_call_id"] for m in messages[2:]] == ids
     assert messages[2]["content"] == "alpha"
@@ -167,13 +168,13 @@ def test_text_before_tool_calls_is_shown_and_kept(provider: FakeProvider, workdi
         tool_call("read_file", {"path": "notes.txt"}, call_id="call_1", content="Let me look at the file."),
         text("It says hi there."),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "Let me look at the file.\nIt says hi there.\n"
     messages = conversation(chapter, provider.chat_requests[1]["messages"])
     assert messages[1] == {
         "role": "assistant",
         "content": "Let me look at the file.",
-        "tool_calls": [assistant_call("call_1", "read_file", '{"path": "notes.txt"}')],
+        "tool_calls": [call("call_1", "read_file", '{"path": "notes.txt"}')],
     }
     assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "hi there"}
 
@@ -200,7 +201,7 @@ def test_tool_errors_go_back_to_the_model(provider: FakeProvider, workdir: Path,
     (workdir / "subdir").mkdir()
     calls = [(name, raw) for name, raw, _ in ARGUMENT_ERRORS]
     result = run(chapter, provider, workdir, tool_calls(calls), text("Noted."))
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "Noted.\n"
     assert round_lines(result.stderr) == [f"[round 1] {name}({raw})" for name, raw in calls]
     assert summary(chapter, result.stderr).rounds == "2"
@@ -221,7 +222,7 @@ def test_nul_in_path_is_an_error_not_a_crash(provider: FakeProvider, workdir: Pa
     # JSON allows "\u0000"; open() then raises ValueError, not OSError.
     raw = '{"path": "bad\\u0000name.txt"}'
     result = run(chapter, provider, workdir, tool_call("read_file", raw, call_id="call_nul"), text("Noted."))
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "Noted.\n"
     [tool] = tool_messages(provider.chat_requests[1])
     assert tool["tool_call_id"] == "call_nul"
@@ -239,7 +240,7 @@ def test_non_utf8_file_is_decoded_with_replacement(provider: FakeProvider, workd
         tool_calls([("read_file", {"path": "latin1.txt"}), ("read_file", {"path": "utf8.txt"})]),
         text("Read both."),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "Read both.\n"
     contents = [m["content"] for m in tool_messages(provider.chat_requests[1])]
     assert contents == ["\ufffd\ufffd abc\ncaf\ufffd\n", "héllo 你好\n"]
@@ -276,13 +277,13 @@ def test_deepseek_thinking_mode_gets_its_reasoning_back(
         tool_call("read_file", {"path": "notes.txt"}, call_id="call_t", reasoning=reasoning),
         text("The notes say hello.", reasoning="Now I can answer."),
     )
-    assert_success(result)
+    assert_ok(result)
     assert result.stdout == "The notes say hello.\n"
     assert "I should read" not in result.stdout
     assistant = conversation(chapter, provider.chat_requests[1]["messages"])[1]
     assert assistant["role"] == "assistant"
     assert assistant["reasoning_content"] == reasoning
-    assert assistant["tool_calls"] == [assistant_call("call_t", "read_file", '{"path": "notes.txt"}')]
+    assert assistant["tool_calls"] == [call("call_t", "read_file", '{"path": "notes.txt"}')]
 
 
 # ---------------------------------------------------------------- failures users meet

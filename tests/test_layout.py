@@ -1,13 +1,25 @@
-"""The layout DESIGN.md promises: chapter snapshots, the finished agent, runtime dependencies."""
+"""The repository's layout: every chapter is a program that runs and a README
+that names it; agent.py runs too; at run time only openai and python-dotenv
+are needed; each chapter adds an amount of code a learner can type; and no
+tracked file sends a reader to a document the repository does not have.
+"""
+
+from __future__ import annotations
 
 import ast
+import re
+import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, program
+from conftest import ROOT, program, run_agent
+from fake_provider import text
 
 CHAPTERS = range(1, 12)
+PROGRAMS = [*CHAPTERS, "final"]
+REPLS = {3, 4}  # chapters 3 and 4 read their questions from stdin
+MAX_ADDED_LINES = 160
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -19,8 +31,23 @@ def test_every_chapter_has_a_program_and_a_readme(chapter: int) -> None:
     assert f"(ex{chapter:02d}/)" in (ROOT / "exercises" / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
-def test_only_openai_and_dotenv_beyond_the_standard_library(chapter: int) -> None:
+@pytest.mark.parametrize("chapter", PROGRAMS)
+def test_every_program_answers_one_question(provider, workdir, chapter: int | str) -> None:
+    question = "What is two plus two?"
+    provider.script(text("Four."))
+    if chapter in REPLS:
+        result = run_agent(chapter, provider=provider, cwd=workdir, stdin=f"{question}\nexit\n")
+    else:
+        result = run_agent(chapter, question, provider=provider, cwd=workdir)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "Four.\n"
+    assert len(provider.chat_requests) == 1
+    assert provider.chat_requests[0]["messages"][-1] == {"role": "user", "content": question}
+
+
+@pytest.mark.parametrize("chapter", PROGRAMS)
+def test_only_openai_and_dotenv_beyond_the_standard_library(chapter: int | str) -> None:
     tree = ast.parse(program(chapter).read_text(encoding="utf-8"))
     imported = set()
     for node in ast.walk(tree):
@@ -38,3 +65,60 @@ def test_requirements_name_only_the_two_runtime_packages() -> None:
         line.split(">")[0].split("=")[0].split("<")[0].strip() for line in lines if line and not line.startswith("#")
     }
     assert names == {"openai", "python-dotenv"}
+
+
+def previous(chapter: int) -> int:
+    """The chapter a chapter's code grows from. Chapter 4 is a detour (a second protocol);
+    chapter 5 continues from chapter 3."""
+    return 3 if chapter == 5 else chapter - 1
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS[1:])
+def test_each_chapter_adds_at_most_160_lines(chapter: int) -> None:
+    """What a learner types for a chapter: the non-blank lines `diff` shows as added."""
+    before, after = program(previous(chapter)), program(chapter)
+    diff = subprocess.run(["diff", str(before), str(after)], capture_output=True, text=True, timeout=30)
+    assert diff.returncode in (0, 1), diff.stderr
+    added = [line for line in diff.stdout.splitlines() if line.startswith(">") and line[1:].strip()]
+    assert len(added) <= MAX_ADDED_LINES, (
+        f"chapter {chapter} adds {len(added)} non-blank lines to chapter {previous(chapter)}; "
+        f"at most {MAX_ADDED_LINES} fit in one chapter"
+    )
+
+
+# Documents the repository does not have. The patterns hold a character class so
+# that this file, which must name them, does not cite them itself.
+MISSING_DOCUMENTS = [
+    r"share[d]/",
+    r"seed[s]/",
+    r"DESIG[N]\.md",
+    r"reference/protoco[l]\.md",
+    r"reference/session[s]\.md",
+]
+
+
+def tracked_files() -> list[str]:
+    listing = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=30)
+    if listing.returncode != 0:
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    return [name for name in listing.stdout.decode().split("\0") if name]
+
+
+def test_no_tracked_file_cites_a_document_the_repository_lacks() -> None:
+    files = tracked_files()
+    names = {name.rsplit("/", 1)[-1] for name in files}
+    patterns = list(MISSING_DOCUMENTS)
+    # The same documents cited by their bare names, as long as no file has that name.
+    patterns += [rf"(?<![\w/.-]){stem}\.md\b" for stem in ("protocol", "sessions") if f"{stem}.md" not in names]
+    citation = re.compile("|".join(patterns))
+    found = []
+    for name in files:
+        if name.startswith(".ci/") or not (ROOT / name).is_file():
+            continue
+        data = (ROOT / name).read_bytes()
+        if b"\0" in data:
+            continue  # not text
+        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+            if match := citation.search(line):
+                found.append(f"{name}:{number}: {match.group(0)}")
+    assert not found, "citations of documents this repository does not have:\n" + "\n".join(found)
