@@ -168,7 +168,7 @@ def sequence_error(messages: list[dict], thinking: bool = False, legacy_reasoner
 class FakeProvider:
     def __init__(self) -> None:
         self.replies: list[Reply] = []
-        self.requests: list[dict] = []  # every request: path, headers, body
+        self.requests: list[dict] = []  # every request: path, headers, body (parsed JSON), raw (its bytes)
         self.validate = True  # DeepSeek sequence validation
         self.thinking = False  # DeepSeek thinking mode: reasoning_content required on tool-call turns
         self.legacy_reasoner = False  # R1 era: any reasoning_content is a 400
@@ -229,9 +229,9 @@ class FakeProvider:
         self.close()
 
     # Called by the handler.
-    def _take(self, path: str, headers: dict, body: Any) -> Reply | None:
+    def _take(self, path: str, headers: dict, body: Any, raw: bytes) -> Reply | None:
         with self.received:
-            self.requests.append({"path": path, "headers": headers, "body": body})
+            self.requests.append({"path": path, "headers": headers, "body": body, "raw": raw})
             self.received.notify_all()
         with self._lock:
             return self.replies.pop(0) if self.replies else None
@@ -264,7 +264,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
-        reply = self.provider._take(self.path, headers, body)
+        reply = self.provider._take(self.path, headers, body, raw)
         if reply is None:
             return self._json(500, {"error": {"message": "fake provider: no scripted reply", "type": "api_error"}})
         if reply.status != 200:
