@@ -22,7 +22,9 @@ import signal
 import socket
 import subprocess
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from conftest import start_agent
@@ -397,6 +399,126 @@ def thread_io() -> dict[str, int]:
     """This thread's I/O counters (Linux): write() bytes (wchar) and calls (syscw)."""
     text_ = Path("/proc/thread-self/io").read_text()
     return {key: int(value) for key, value in (line.split(": ") for line in text_.splitlines())}
+
+
+# ---------------------------------------------------------------- instruments for a program loaded in-process
+# They spy on the standard library (os.open, os.fsync, the thread's I/O counters), never on the program.
+
+
+def long_history(length: int) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(1, length):
+        role = "user" if i % 2 else "assistant"
+        messages.append({"role": role, "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 6})
+    return messages
+
+
+class SaveMeasure(NamedTuple):
+    path: Path
+    before: bytes  # the file after create_session
+    after: bytes  # after one save of the two new messages
+    new: list[dict]  # those messages
+    writes: int  # write() calls that save made
+    written: int  # bytes they wrote
+    fsynced: list[str]  # files and directories fsynced during that save
+    idle_writes: int  # write() calls of a second save with nothing new
+    idle_after: bytes  # the file after it
+
+
+def measure_save(program: ModuleType, length: int, monkeypatch: Any) -> SaveMeasure:
+    """With a loaded session program: create a session of `length` messages, add two
+    and save once, then save again with nothing new; what each save did."""
+    fsynced: list[str] = []
+    real_fsync = os.fsync
+
+    def watched_fsync(fd: int) -> None:
+        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    session = program.create_session(long_history(length))
+    path = program.SESSIONS / f"{session.id}.jsonl"
+    try:
+        before = path.read_bytes()
+        new = [
+            {"role": "user", "content": "one more question — ünïcode\u2028too"},
+            {"role": "assistant", "content": "one more answer", "reasoning_content": "thinking"},
+        ]
+        session.history.extend(new)
+        fsynced.clear()
+        io_before = thread_io()
+        session.save()
+        io_after = thread_io()
+        after = path.read_bytes()
+        synced = list(fsynced)
+        idle_before = thread_io()
+        session.save()
+        idle_writes = thread_io()["syscw"] - idle_before["syscw"]
+    finally:
+        if hasattr(session, "fd"):  # agent.py keeps its session open (and locked) for the whole run
+            os.close(session.fd)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+    return SaveMeasure(
+        path,
+        before,
+        after,
+        new,
+        io_after["syscw"] - io_before["syscw"],
+        io_after["wchar"] - io_before["wchar"],
+        synced,
+        idle_writes,
+        path.read_bytes(),
+    )
+
+
+class Creation(NamedTuple):
+    session: Any
+    path: Path
+    opened: list[tuple[int, int]]  # (flags, mode) of every os.open of the session file
+    fsynced: list[tuple[str, bytes | None]]  # (what, its bytes if a file) for every fsync, in order
+
+
+def watch_creation(program: ModuleType, monkeypatch: Any) -> Creation:
+    """With a loaded session program: create a session under umask 0 (so modes must come
+    from the program) and watch every os.open and os.fsync it makes."""
+    opened: list[tuple[str, int, int]] = []
+    fsynced: list[tuple[str, bytes | None]] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def watched_open(path: Any, flags: int, mode: int = 0o777, *args: Any, **kwargs: Any) -> int:
+        opened.append((os.fspath(path), flags, mode))
+        return real_open(path, flags, mode, *args, **kwargs)
+
+    def watched_fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        fsynced.append((target, Path(target).read_bytes() if Path(target).is_file() else None))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    old_umask = os.umask(0)
+    try:
+        session = program.create_session([{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}])
+    finally:
+        os.umask(old_umask)
+        monkeypatch.setattr(os, "open", real_open)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+    path = program.SESSIONS / f"{session.id}.jsonl"
+    return Creation(session, path, [(flags, mode) for name, flags, mode in opened if name == str(path)], fsynced)
+
+
+def decoy_sessions(program: ModuleType, monkeypatch: Any) -> list[Path]:
+    """Fix the random part of new IDs, then fill .sessions with a file under every name
+    the next half minute could produce: a creation can only succeed by reusing one."""
+    monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("0badcafe"))
+    program.SESSIONS.mkdir(mode=0o700)
+    now = datetime.now()
+    decoys = []
+    for second in range(-2, 30):
+        decoy = program.SESSIONS / f"{now + timedelta(seconds=second):%Y%m%d-%H%M%S}-0badcafe.jsonl"
+        decoy.write_bytes(b"precious bytes\n")
+        decoys.append(decoy)
+    return decoys
 
 
 # ---------------------------------------------------------------- comparing a request with a history

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import stat
-from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -37,18 +36,20 @@ from helpers import (
     assert_one_error_line,
     call,
     complete_lines,
+    decoy_sessions,
     disk_messages,
     header_line,
     hint,
     kill_quietly,
+    measure_save,
     message_line,
     new_session_id,
     put_session,
     resumed,
     session_bytes,
     snapshot,
-    thread_io,
     warnings,
+    watch_creation,
 )
 
 CHAPTER = 11
@@ -110,52 +111,18 @@ def test_a_resume_appends_exactly_the_new_records(provider: FakeProvider, workdi
     assert path.read_bytes() == before + record_bytes(*new)
 
 
-def history(length: int) -> list[dict]:
-    messages = [SYSTEM]
-    for i in range(1, length):
-        role = "user" if i % 2 else "assistant"
-        messages.append({"role": role, "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 6})
-    return messages
-
-
 @pytest.mark.skipif(not Path("/proc/thread-self/io").exists(), reason="needs Linux /proc/thread-self/io")
 @pytest.mark.parametrize("length", [20, 3000])
 def test_a_save_is_one_write_of_the_new_records_then_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, length: int
 ) -> None:
-    agent = load_program(CHAPTER, tmp_path, monkeypatch)
-    fsynced: list[str] = []
-    real_fsync = os.fsync
-
-    def watched_fsync(fd: int) -> None:
-        fsynced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", watched_fsync)
-    session = agent.create_session(history(length))
-    path = agent.SESSIONS / f"{session.id}.jsonl"
-    assert len(disk_messages(path)) == length
-    before = path.read_bytes()
-    new = [
-        {"role": "user", "content": "one more question — ünïcode\u2028too"},
-        {"role": "assistant", "content": "one more answer", "reasoning_content": "thinking"},
-    ]
-    session.history.extend(new)
-    fsynced.clear()
-    io_before = thread_io()
-    session.save()
-    io_after = thread_io()
-
-    assert path.read_bytes() == before + record_bytes(*new)
-    assert io_after["syscw"] - io_before["syscw"] == 1, "a save must be exactly one write()"
-    assert io_after["wchar"] - io_before["wchar"] == len(record_bytes(*new)), "a save writes only the new records"
-    assert fsynced == [str(path)], fsynced
-
-    # Nothing new: nothing written.
-    io_before = thread_io()
-    session.save()
-    assert thread_io()["syscw"] == io_before["syscw"]
-    assert path.read_bytes() == before + record_bytes(*new)
+    save = measure_save(load_program(CHAPTER, tmp_path, monkeypatch), length, monkeypatch)
+    assert len(disk_messages(save.path)) == length + 2
+    assert save.after == save.before + record_bytes(*save.new)
+    assert save.writes == 1, "a save must be exactly one write()"
+    assert save.written == len(record_bytes(*save.new)), "a save writes only the new records"
+    assert save.fsynced == [str(save.path)], save.fsynced
+    assert save.idle_writes == 0 and save.idle_after == save.after  # nothing new: nothing written
 
 
 # ---------------------------------------------------------------- a new file: exclusive and private
@@ -173,40 +140,19 @@ def test_a_new_session_is_private_whatever_the_umask(provider: FakeProvider, wor
 
 def test_the_file_is_created_with_o_excl_and_mode_0600(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     agent = load_program(CHAPTER, tmp_path, monkeypatch)
-    opened: list[tuple[str, int, int]] = []
-    real_open = os.open
-
-    def watched_open(path, flags, mode=0o777, *args, **kwargs):
-        opened.append((os.fspath(path), flags, mode))
-        return real_open(path, flags, mode, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", watched_open)
-    old_umask = os.umask(0)  # the modes must not rely on the umask
-    try:
-        session = agent.create_session([SYSTEM, {"role": "user", "content": "hi"}])
-    finally:
-        os.umask(old_umask)
-    path = agent.SESSIONS / f"{session.id}.jsonl"
-    created = [(flags, mode) for name, flags, mode in opened if name == str(path)]
-    assert len(created) == 1, opened
-    flags, mode = created[0]
+    created = watch_creation(agent, monkeypatch)  # under umask 0: the modes must come from the program
+    assert len(created.opened) == 1, created.opened
+    flags, mode = created.opened[0]
     assert flags & os.O_CREAT and flags & os.O_EXCL, "the session file must be created exclusively"
     assert mode == 0o600
     assert stat.S_IMODE(agent.SESSIONS.stat().st_mode) == 0o700
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(created.path.stat().st_mode) == 0o600
 
 
 def test_creation_never_reuses_an_existing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """O_EXCL observed: when the chosen name exists, that file is left alone and the creation fails."""
     agent = load_program(CHAPTER, tmp_path, monkeypatch)
-    monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("0badcafe"))
-    agent.SESSIONS.mkdir(mode=0o700)
-    now = datetime.now()
-    decoys = []
-    for second in range(-2, 30):  # every name the next half minute could produce
-        decoy = agent.SESSIONS / f"{now + timedelta(seconds=second):%Y%m%d-%H%M%S}-0badcafe.jsonl"
-        decoy.write_bytes(b"precious bytes\n")
-        decoys.append(decoy)
+    decoys = decoy_sessions(agent, monkeypatch)
     with pytest.raises(FileExistsError):
         agent.create_session([SYSTEM, {"role": "user", "content": "hi"}])
     assert all(d.read_bytes() == b"precious bytes\n" for d in decoys)

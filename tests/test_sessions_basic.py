@@ -29,15 +29,17 @@ from helpers import (
     assert_ok,
     call,
     complete_lines,
+    decoy_sessions,
     disk_messages,
     hint,
+    measure_save,
     message_line,
     put_session,
     resumed,
     session_bytes,
     snapshot,
     stderr_lines,
-    thread_io,
+    watch_creation,
 )
 
 KEY = "sk-SECRET-7f3c9e1a-do-not-store-4b2d"  # distinctive: it must never reach a file
@@ -503,105 +505,45 @@ def test_a_file_written_by_the_book_loads(provider: FakeProvider, workdir: Path)
 # ---------------------------------------------------------------- in-process instruments
 
 
-def history(length: int) -> list[dict]:
-    messages = [{"role": "system", "content": "You are a coding agent."}]
-    for i in range(1, length):
-        role = "user" if i % 2 else "assistant"
-        messages.append({"role": role, "content": f"message {i}: " + "lorem ipsum dolor sit amet " * 6})
-    return messages
-
-
 @pytest.mark.skipif(not Path("/proc/thread-self/io").exists(), reason="needs Linux /proc/thread-self/io")
 def test_save_writes_only_the_new_records_in_one_write(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
     """Guarantee 1: one write() of exactly the new lines, then fsync; the cost does not grow with the history."""
-    fsynced: list[int] = []
-    real_fsync = os.fsync
-
-    def counting_fsync(fd: int) -> None:
-        fsynced.append(fd)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", counting_fsync)
     written_per_size = {}
     for length in (20, 3000):
-        session = loaded.create_session(history(length))
-        path = loaded.SESSIONS / f"{session.id}.jsonl"
-        try:
-            assert len(disk_messages(path)) == length
-            before = path.read_bytes()
-            new = [
-                {"role": "user", "content": "one more question — ünïcode\u2028too"},
-                {"role": "assistant", "content": "one more answer", "reasoning_content": "thinking"},
-            ]
-            session.history.extend(new)
-            fsynced.clear()
-            io_before = thread_io()
-            session.save()
-            io_after = thread_io()
-            after = path.read_bytes()
-
-            assert after.startswith(before)  # the header and every old record untouched
-            tail = after[len(before) :]
-            assert [json.loads(line) for line in tail.split(b"\n")[:-1]] == [
-                {"type": "message", "message": m} for m in new
-            ]
-            assert tail.count(b"\n") == 2 and tail.endswith(b"\n")
-            assert io_after["syscw"] - io_before["syscw"] == 1, "a save must be exactly one write()"
-            assert io_after["wchar"] - io_before["wchar"] == len(tail), "a save writes only the new records"
-            assert session.fd in fsynced
-            written_per_size[length] = io_after["wchar"] - io_before["wchar"]
-
-            # Nothing new: nothing written.
-            io_before = thread_io()
-            session.save()
-            assert thread_io()["syscw"] == io_before["syscw"]
-            assert path.read_bytes() == after
-        finally:
-            os.close(session.fd)
+        save = measure_save(loaded, length, monkeypatch)
+        assert len(disk_messages(save.path)) == length + 2
+        assert save.after.startswith(save.before)  # the header and every old record untouched
+        tail = save.after[len(save.before) :]
+        assert [json.loads(line) for line in tail.split(b"\n")[:-1]] == [
+            {"type": "message", "message": m} for m in save.new
+        ]
+        assert tail.count(b"\n") == 2 and tail.endswith(b"\n")
+        assert save.writes == 1, "a save must be exactly one write()"
+        assert save.written == len(tail), "a save writes only the new records"
+        assert str(save.path) in save.fsynced
+        assert save.idle_writes == 0 and save.idle_after == save.after  # nothing new: nothing written
+        written_per_size[length] = save.written
     assert written_per_size[20] == written_per_size[3000]
 
 
 def test_creation_is_exclusive_private_and_durable_before_returning(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
     """Guarantee 2: O_CREAT|O_EXCL, 0600 in 0700; the file and then its directory fsynced before the ID exists."""
-    opened: list[tuple[str, int, int | None]] = []
-    fsynced: list[tuple[str, bytes | None]] = []
-    real_open, real_fsync = os.open, os.fsync
-
-    def spy_open(path, flags, mode=0o777, *args, **kwargs):
-        opened.append((os.fspath(path), flags, mode))
-        return real_open(path, flags, mode, *args, **kwargs)
-
-    def spy_fsync(fd: int) -> None:
-        target = os.readlink(f"/proc/self/fd/{fd}")
-        content = Path(target).read_bytes() if Path(target).is_file() else None
-        fsynced.append((target, content))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "open", spy_open)
-    monkeypatch.setattr(os, "fsync", spy_fsync)
-    old_umask = os.umask(0)  # the modes must not rely on the umask
+    created = watch_creation(loaded, monkeypatch)
+    session, path = created.session, created.path
     try:
-        session = loaded.create_session([{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}])
-    finally:
-        os.umask(old_umask)
-    monkeypatch.setattr(os, "open", real_open)
-    monkeypatch.setattr(os, "fsync", real_fsync)
-    try:
-        path = loaded.SESSIONS / f"{session.id}.jsonl"
         assert re.fullmatch(SESSION_ID_SHAPE, session.id)
         assert stat.S_IMODE(loaded.SESSIONS.stat().st_mode) == 0o700
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
-        created = [(flags, mode) for name, flags, mode in opened if name == str(path)]
-        assert len(created) == 1, opened
-        flags, mode = created[0]
+        assert len(created.opened) == 1, created.opened
+        flags, mode = created.opened[0]
         assert flags & os.O_CREAT and flags & os.O_EXCL, "the session file must be created exclusively"
         assert mode == 0o600
 
-        targets = [target for target, _ in fsynced]
-        assert str(path) in targets and str(loaded.SESSIONS) in targets, fsynced
+        targets = [target for target, _ in created.fsynced]
+        assert str(path) in targets and str(loaded.SESSIONS) in targets, created.fsynced
         assert targets.index(str(path)) < targets.index(str(loaded.SESSIONS)), "file first, then its directory"
-        on_disk_at_fsync = dict(fsynced)[str(path)]
+        on_disk_at_fsync = dict(created.fsynced)[str(path)]
         assert on_disk_at_fsync == path.read_bytes()  # header and first messages complete when fsynced
         assert json.loads(on_disk_at_fsync.split(b"\n")[0])["id"] == session.id
     finally:
@@ -610,15 +552,7 @@ def test_creation_is_exclusive_private_and_durable_before_returning(loaded, monk
 
 def test_creation_never_reuses_an_existing_file(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
     """O_EXCL observed: if the chosen name exists, the old file is left alone and the creation fails cleanly."""
-    monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("0badcafe"))
-    loaded.SESSIONS.mkdir(mode=0o700)
-    now = datetime.now()
-    decoys = []
-    for second in range(-2, 30):  # every name the next half minute could produce
-        name = f"{now + timedelta(seconds=second):%Y%m%d-%H%M%S}-0badcafe.jsonl"
-        decoy = loaded.SESSIONS / name
-        decoy.write_bytes(b"precious bytes\n")
-        decoys.append(decoy)
+    decoys = decoy_sessions(loaded, monkeypatch)
     with pytest.raises(loaded.Failure) as caught:
         loaded.create_session([{"role": "user", "content": "hi"}])
     assert "\n" not in str(caught.value)
