@@ -7,7 +7,9 @@
 - processes (`Live`, `alive`, `live_processes`, `free_port`);
 - session files, written by hand and read back independently of the agent
   (`session_bytes`, `put_session`, `disk_messages`, `snapshot`), and comparing a
-  request with a stored history (`shape`, `assert_sent`).
+  request with a stored history (`shape`, `assert_sent`);
+- instruments for a session program loaded in-process, which spy on the standard
+  library only (`measure_save`, `watch_creation`, `decoy_sessions`).
 
 Fixtures and the subprocess runners themselves live in conftest.py.
 """
