@@ -16,13 +16,17 @@ its table of contents is
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import hashlib
 import itertools
 import json
 import os
 import re
 import selectors
+import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -52,6 +56,21 @@ For DeepSeek:
 For a local Ollama:
   OPENAI_API_KEY=ollama  OPENAI_BASE_URL=http://localhost:11434/v1  MODEL=qwen3:8b"""
 
+
+def seconds_from(variable: str, default: float) -> float | None:
+    """A positive number of seconds from the environment; None if it is not one (main() says so)."""
+    raw = os.environ.get(variable, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        return None
+    return value if 0 < value < float("inf") else None
+
+
+# A stream with no data event for this long is given up. The SDK's own read
+# timeout cannot do it: every ": keep-alive" comment resets it.
+STREAM_TIMEOUT = seconds_from("STREAM_TIMEOUT", 120)
+
 # What to do about the HTTP errors people actually meet.
 HINTS = {
     401: "check OPENAI_API_KEY",
@@ -67,6 +86,21 @@ class Failure(Exception):
     (with the resume hint once a session exists) and exits with 1."""
 
 
+# ---- what reaches the terminal from a model or a server ----
+# Terminals act on control characters instead of showing them: an escape
+# sequence can clear the screen, move the cursor or set the clipboard (OSC 52),
+# and a bidi override reorders a line. They are written as escapes (\x1b);
+# newlines and tabs are kept. Long text is shortened.
+UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(text: str, limit: int | None = None) -> str:
+    """text as the terminal may show it: control characters escaped, at most limit characters of it."""
+    if limit is not None and len(text) > limit:
+        text = f"{text[:limit]}… [{len(text) - limit:,} more characters]"
+    return UNSAFE.sub(lambda match: match.group().encode("unicode_escape").decode(), text)
+
+
 def describe(error: openai.APIError) -> str:
     """One line for an API failure: what happened and what to do about it."""
     import openai
@@ -76,7 +110,7 @@ def describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APIConnectionError):
         return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
     message = error.body.get("message") if isinstance(error.body, dict) else None
-    message = message or error.message
+    message = safe(str(message or error.message), 300)  # a server may echo kilobytes (or escapes) back
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         hint = HINTS.get(status, "the provider failed; try again later" if status >= 500 else "")
@@ -85,10 +119,19 @@ def describe(error: openai.APIError) -> str:
 
 
 MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
+READ_CAP = 32 * 1024  # bytes of a file one read_file returns: the history carries it into every later request
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
+# The environment commands run in: ours without the key (under any name).
+WITHOUT_KEY = {
+    name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY" and not (API_KEY and value == API_KEY)
+}
 
 
 BASE_PROMPT = """\
@@ -129,18 +172,70 @@ def store(path: str, text: str) -> str:
                 f"could not back up the old version ({error.strerror or error}); the file was not changed"
             ) from None
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(data)
+    write_atomic(Path(path), data)
     return note
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace path's bytes all at once: write a temporary file in the same
+    directory, fsync it, rename it over the old file (whose mode it keeps),
+    fsync the directory. A failure at any step (a full disk) leaves the old
+    file as it was; a crash leaves the old or the new file, never half of one."""
+    path = Path(os.path.realpath(path))  # through a symlink to its target, as a plain write would go
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
+    if mode is not None and not os.access(path, os.W_OK):  # read-only stays read-only, as with a plain write
+        raise PermissionError(errno.EACCES, "Permission denied")
+    temporary = path.with_name(f".agent-{os.urandom(4).hex()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # a new file: the umask applies
+    try:
+        with open(fd, "wb") as file:
+            if mode is not None:
+                os.fchmod(file.fileno(), mode)
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself is durable
+    finally:
+        os.close(directory)
 
 
 READ_FILE = definition(
     "read_file", "Read a text file and return its contents.", path="file path, relative to the working directory"
 )
+# offset is optional and an integer, so it is added by hand: a long file is read in parts.
+READ_FILE["function"]["parameters"]["properties"]["offset"] = {
+    "type": "integer",
+    "description": f"byte to start at (default 0); one call returns at most {READ_CAP // 1024} KiB",
+}
 
 
 def read_file(args: dict) -> str:
+    offset = args.get("offset", 0)
+    if type(offset) is not int or offset < 0:
+        return "error: offset must be a whole number of bytes, at least 0"
+    # O_NONBLOCK: opening a FIFO must not wait for a writer. Only a regular
+    # file is read: /dev/zero never ends, and a directory has no text.
+    fd = os.open(args["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as file:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return f"error: {args['path']} is not a regular file; read_file reads only files"
+        file.seek(offset)
+        data = file.read(READ_CAP)  # never more: the history would carry it into every request
+    end = offset + len(data)
+    if end < status.st_size:  # more to come: stop at a line's end and say how to read on
+        if 0 < (cut := data.rfind(b"\n") + 1):
+            data, end = data[:cut], offset + cut
+        marker = f"\n[... bytes {offset}-{end} of {status.st_size}; read on with read_file offset={end} ...]"
+        return data.decode("utf-8", errors="replace") + marker
     # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
-    return Path(args["path"]).read_bytes().decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="replace")
 
 
 WRITE_FILE = definition(
@@ -186,7 +281,10 @@ def edit_file(args: dict) -> str:
 
 DENY = ["rm -rf /", "rm -rf ~"]
 ASK = ["rm -rf", "sudo ", "git push --force", "curl "]
-ALLOW = ["ls", "cat ", "pwd", "echo ", "git status"]
+# Silent only for what can neither write nor run anything. Not `git status`:
+# git runs the programs its config names (core.fsmonitor), and a model that
+# wrote .git/config would run code without a question.
+ALLOW = ["ls", "cat ", "pwd", "echo "]
 # With any of these a command can run, or write, more than its first word says.
 CHAINING_OR_REDIRECTION = set(";|&$()`\n><")
 
@@ -198,7 +296,7 @@ def permission(command: str) -> str:
         return "deny"
     if any(rule in command for rule in ASK):
         return "ask"
-    if not CHAINING_OR_REDIRECTION & set(command):
+    if not CHAINING_OR_REDIRECTION & set(command) and stays_inside(command):
         for rule in ALLOW:
             word = rule.strip()  # a whole word: `ls` allows `ls -la`, not `lsof`
             if command == word or command.startswith(word + " "):
@@ -206,12 +304,43 @@ def permission(command: str) -> str:
     return "ask"
 
 
-def approved(command: str) -> bool:
-    """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
-    print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()
-    if not answer:  # end of input: nobody is there to say yes
-        print("(no answer: refused)", file=sys.stderr)
+def stays_inside(command: str) -> bool:
+    """True if no word of command can name a path outside the working directory:
+    `cat /proc/self/environ` or `ls ~/.ssh` must ask, whatever their first word."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: not a command to wave through
+        return False
+    for word in words[1:]:
+        value = word.partition("=")[2] if word.startswith("-") else word  # --file=PATH names a path too
+        if set(value) & set("*?[~") or not inside(Path(os.path.realpath(value or "."))):
+            return False  # a pattern may match a link that leads out; ~ is the home directory
+    return True
+
+
+def inside(path: Path) -> bool:
+    """True if a resolved path is the working directory or below it."""
+    return path == WORKDIR or WORKDIR in path.parents
+
+
+def visible(text: str) -> str:
+    """text with every control character written as an escape (\\r, \\x1b, \\u202e), so
+    that no carriage return or escape sequence can redraw what the prompt shows."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def approved(command: str, wants: str = "run") -> bool:
+    """Ask the person at the terminal. Only y or yes runs it; anything else refuses.
+    The answer is read from the terminal itself: input piped into the program
+    never approves, and with no terminal nobody is there to say yes."""
+    try:
+        with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
+            terminal.write(f"\n⚠  the model wants to {wants}: {visible(command)}\nallow? (y/N) ".encode())
+            answer = terminal.readline().decode(errors="replace")
+    except OSError:  # no controlling terminal
+        answer = ""
+    if not answer:
+        print("(no answer from a terminal: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -256,6 +385,7 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so a kill reaches everything it starts
+                env=WITHOUT_KEY,  # a command has no business with the API key
             )
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
@@ -320,24 +450,29 @@ TRASH = WORKDIR / ".trash"
 
 
 def backup_key(path: Path) -> str:
-    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt."""
-    return urllib.parse.quote(os.path.relpath(path.resolve(), WORKDIR), safe="")
+    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
+    A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
+    # os.path.realpath, not Path.resolve: it never raises on a symlink loop.
+    key = urllib.parse.quote(os.path.relpath(os.path.realpath(path), WORKDIR), safe="")
+    return key if len(key) <= 200 else f"{key[:160]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def backup(path: Path) -> Path:
-    """Copy path's current bytes into .trash/ under a name no other backup has; return it."""
+    """Copy path's current bytes into .trash/ under a name no other backup has; return it.
+    A backup holds what the file held, so it is private: 0600 in a 0700 .trash/."""
     data = path.read_bytes()
-    TRASH.mkdir(exist_ok=True)
+    TRASH.mkdir(mode=0o700, exist_ok=True)
     # UTC to the microsecond sorts by age; "~" separates it from the key.
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     for attempt in itertools.count():
         target = TRASH / f"{backup_key(path)}~{stamp}{f'.{attempt}' if attempt else ''}"
         try:
-            with open(target, "xb") as file:  # "x": fail rather than replace another backup
-                file.write(data)
-            return target
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # fail rather than replace another backup
         except FileExistsError:
             continue
+        with open(fd, "wb") as file:
+            file.write(data)
+        return target
 
 
 def restore(name: str) -> None:
@@ -355,7 +490,7 @@ def restore(name: str) -> None:
         if target.exists():
             backup(target)  # the version being replaced gets its own second chance
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        write_atomic(target, data)
     except OSError as error:
         raise Failure(f"cannot restore {name}: {error.strerror or error}") from None
     print(f"restored {newest.relative_to(WORKDIR)} -> {name}")
@@ -389,8 +524,8 @@ class Registry:
             return f"error: unknown tool {name!r}; the tools are: {', '.join(self.tools)}"
         try:
             args = json.loads(raw_arguments or "{}")
-        except json.JSONDecodeError as error:
-            return f"error: the arguments are not valid JSON ({error.msg}); send one JSON object"
+        except (ValueError, RecursionError):  # RecursionError: [[[[...]]]] nested beyond what json can parse
+            return "error: the arguments are not valid JSON; send one JSON object"
         if not isinstance(args, dict):
             return "error: the arguments must be a JSON object"
         parameters = tool.definition["function"]["parameters"]
@@ -401,15 +536,40 @@ class Registry:
         try:
             # Read before write: the model may only change a file whose current
             # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-            path = Path(args["path"]).resolve() if "path" in args else None
+            # Only a file tool's path counts: a stray "path" key on bash reads nothing.
+            path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
             if tool.changes_files and path.exists() and path not in self.known_files:
                 return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
+            if path and (refusal := gate(path, tool.changes_files)):
+                return refusal
             result = tool.run(args)
-        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+        # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
+        except (OSError, ValueError, RuntimeError) as error:
             return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
-        return result
+        return redact(result)
+
+
+def gate(path: Path, writes: bool) -> str | None:
+    """Where the file tools go without asking: inside the working directory, and
+    for a write not into .git/. None lets the call go on; else the refusal."""
+    parts = path.relative_to(WORKDIR).parts if inside(path) else None
+    if parts and parts[0] in (".sessions", ".trash"):
+        return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
+    if parts is None:
+        wants = "write outside the working directory" if writes else "read outside the working directory"
+    elif writes and ".git" in parts:
+        wants = "write inside .git/, where git finds the commands it runs"
+    else:
+        return None
+    return None if approved(str(path), wants) else "error: permission denied — the user did not approve this"
+
+
+def redact(text: str) -> str:
+    """The API key's value never reaches the history, and so never a session file or
+    the model, whatever a tool returns (read_file .env, cat /proc/self/environ)."""
+    return text.replace(API_KEY, "[OPENAI_API_KEY removed]") if len(API_KEY) >= 8 else text
 
 
 registry = Registry()
@@ -505,25 +665,32 @@ def open_session(wanted: str) -> Session:
     """Lock an existing session, cut off a torn tail, and replay its messages."""
     session_id = find_session(wanted)
     try:
-        fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        # O_NOFOLLOW and O_NONBLOCK: a symlink or a FIFO put in its place is refused, never followed or waited on.
+        fd = os.open(
+            SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        )
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Failure(f"cannot open session {session_id}: not a regular file")
         lock(fd, session_id)  # before reading: another run may be appending right now
         with open(fd, "rb", closefd=False) as file:
             data = file.read()
+        tail = data[data.rfind(b"\n") + 1 :]  # after the last newline: nothing, or a write cut short
+        if isinstance(parsed(tail), dict):  # a whole record whose newline is missing (a hand edit): keep it
+            os.write(fd, b"\n")
+            data += b"\n"
+        elif tail:
+            # The book drops the torn line only in memory. The next save would then
+            # glue a record onto it, and that line would be lost as well.
+            data = data[: -len(tail)]
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+            print(
+                f"warning: dropped an incomplete last line ({len(tail)} bytes) left by an interrupted write",
+                file=sys.stderr,
+            )
     except OSError as error:
         raise Failure(f"cannot open session {session_id}: {error.strerror or error}") from None
-    history, damaged, complete = parse_session(data)
-    if complete < len(data):
-        # The book drops the torn line only in memory. The next save would then
-        # glue a record onto it, and that line would be lost as well.
-        try:
-            os.ftruncate(fd, complete)
-            os.fsync(fd)
-        except OSError as error:
-            raise Failure(f"cannot repair session {session_id}: {error.strerror or error}") from None
-        print(
-            f"warning: dropped an incomplete last line ({len(data) - complete} bytes) left by an interrupted write",
-            file=sys.stderr,
-        )
+    history, damaged = parse_session(data)
     if damaged:
         numbers = ", ".join(map(str, damaged[:10])) + (", …" if len(damaged) > 10 else "")
         print(
@@ -559,65 +726,91 @@ def find_session(wanted: str) -> str:
 def session_files() -> dict[str, Path]:
     """Session ID -> path, for every well-formed name in .sessions."""
     try:
-        return {p.stem: p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)}
+        names = [p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)]
+        # Regular files only: a dangling symlink cannot be read, and reading a FIFO never ends.
+        return {p.stem: p for p in names if stat.S_ISREG(p.lstat().st_mode)}
     except FileNotFoundError:
         return {}
     except OSError as error:
         raise Failure(f"cannot read {SESSIONS}: {error.strerror or error}") from None
 
 
-def parse_session(data: bytes) -> tuple[list[dict], list[int], int]:
-    """(messages, numbers of damaged lines, bytes of complete lines). Split on \\n only:
+def parsed(line: bytes) -> object:
+    """The JSON value of one line, or None: not UTF-8, not JSON, or nested too deep to parse."""
+    try:
+        return json.loads(line.decode())
+    except (ValueError, RecursionError):
+        return None
+
+
+def parse_session(data: bytes) -> tuple[list[dict], list[int]]:
+    """(messages, numbers of damaged lines) of the complete lines in data. Split on \\n only:
     str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
-    complete = data.rfind(b"\n") + 1  # what follows the last newline is a write cut short
     messages, damaged = [], []
-    for number, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
-        try:
-            record = json.loads(line.decode())
-        except ValueError:  # not UTF-8, not JSON, NUL bytes
-            record = None
+    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        record = parsed(line)
         if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
             messages.append(record["message"])
         elif line.strip() and not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
-    return messages, damaged, complete
+    return messages, damaged
 
 
 def well_formed(message: object) -> bool:
-    """A message the API can take: a known role, and tool calls that carry an id."""
+    """A message sendable() can make valid: a known role, and tool calls that name a function."""
     if not isinstance(message, dict) or message.get("role") not in ROLES:
         return False
     calls = message.get("tool_calls")
     return calls is None or (
-        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("id"), str) for c in calls)
+        isinstance(calls, list) and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
     )
 
 
 def sendable(history: list[dict]) -> list[dict]:
-    """The history as a request needs it, whatever the file holds. Repairs
-    happen here, in memory, never silently on disk:
+    """The history as a request needs it, whatever the file holds, for the
+    strictest server. Repairs happen here, in memory, never silently on disk:
     - a system prompt first;
+    - every tool call with an id of its own, a non-empty string no other call in
+      the request has (a model may send none, or one id twice), its results
+      renamed along with it;
+    - arguments that are JSON (a half-written call is refused by strict servers);
     - every tool call answered right after its assistant message (a crash or
       an old file can leave one unanswered: the API would refuse every request);
     - no tool message that answers nothing;
     - reasoning_content only on tool-call turns, where DeepSeek's thinking mode requires it."""
     out = [] if history and history[0]["role"] == "system" else [{"role": "system", "content": BASE_PROMPT}]
-    pending: list[str] = []  # tool calls of the last assistant message still unanswered
+    used: set[str] = set()  # tool-call ids already in the request
+    pending: list[tuple[object, str]] = []  # (stored id, id sent) of the last assistant's calls still unanswered
     for message in history:
         if message["role"] == "tool":
-            if message.get("tool_call_id") in pending:
-                pending.remove(message["tool_call_id"])
-                out.append(message)
+            match = next((pair for pair in pending if pair[0] == message.get("tool_call_id")), None)
+            if match:
+                pending.remove(match)
+                out.append({**message, "tool_call_id": match[1]})
             continue
-        out += interrupted(pending)
+        out += interrupted([sent for _, sent in pending])
         pending = []
         if message["role"] == "assistant":
             message = {k: v for k, v in message.items() if k != "reasoning_content" or message.get("tool_calls")}
-            if not message.get("tool_calls"):
+            if message.get("tool_calls"):
+                message["tool_calls"] = [sendable_call(call, used, pending) for call in message["tool_calls"]]
+            else:
                 message.pop("tool_calls", None)  # an empty list is refused by the API
-            pending = [call["id"] for call in message.get("tool_calls", [])]
         out.append(message)
-    return out + interrupted(pending)
+    return out + interrupted([sent for _, sent in pending])
+
+
+def sendable_call(call: dict, used: set[str], pending: list[tuple[object, str]]) -> dict:
+    """One tool call as sendable() sends it; records its ids in used and pending."""
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id or call_id in used:
+        call_id = next(f"call_{n}" for n in itertools.count(len(used)) if f"call_{n}" not in used)
+    used.add(call_id)
+    pending.append((call.get("id"), call_id))
+    function = dict(call["function"])
+    if not isinstance(parsed(str(function.get("arguments")).encode()), dict):
+        function["arguments"] = "{}"
+    return {**call, "id": call_id, "function": function}
 
 
 def interrupted(call_ids: list[str]) -> list[dict]:
@@ -655,13 +848,13 @@ def summary(path: Path) -> str:
     count, damaged = count_messages(body)
     damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
     created, prompt = "?", ""
-    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, RecursionError):
         if body.startswith(META_LINE):
             created = json.loads(body[: body.find(b"\n")])["created_at"][:16].replace("T", " ")
         if user := USER_ROLE.search(body):  # the line holding the first user message
             line = body[body.rfind(b"\n", 0, user.start()) + 1 : body.find(b"\n", user.end())]
             prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
-    prompt = prompt if len(prompt) <= 50 else prompt[:49] + "…"
+    prompt = safe(prompt if len(prompt) <= 50 else prompt[:49] + "…")  # the file's text, not ours
     mark = f"  [{', '.join(damage)}]" if damage else ""
     return f"{path.stem}  created {created}  modified {modified:%Y-%m-%d %H:%M}  {count:>4} messages  {prompt}{mark}"
 
@@ -706,12 +899,31 @@ def utf8(data: bytes) -> bool:
 # ---- one model turn: stream the text, assemble the tool calls ----
 
 
+class Stalled(BaseException):
+    """Raised by SIGALRM when a stream has sent no data for STREAM_TIMEOUT seconds.
+    A BaseException, because the SDK catches Exception around a request to retry it."""
+
+
+def field(value: object, name: str, kind: type) -> object:
+    """value.name, if it is what a server should send: None when absent or null,
+    a Failure when it is anything else (a proxy or a small server sends odd things)."""
+    got = getattr(value, name, None)
+    if got is None or isinstance(got, kind):
+        return got
+    raise Failure(f"the server sent a malformed stream ({name} is {type(got).__name__}); try again")
+
+
 def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
     """Print text as it arrives; return (assistant message, finish_reason, usage)."""
     import openai
 
+    def stalled(signum: int, frame: object) -> None:
+        raise Stalled
+
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
+    previous_handler = signal.signal(signal.SIGALRM, stalled)
     try:
+        signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every data event below
         stream = client.chat.completions.create(
             model=MODEL,
             max_tokens=4096,
@@ -729,35 +941,46 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
             stream_options={"include_usage": True},  # a stream carries usage only if asked
         )
         for chunk in stream:
+            signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)
             # DeepSeek puts usage on the finish chunk; OpenAI and Ollama send
             # one more chunk with empty choices. Keep whichever carries it.
             usage = chunk.usage or usage
-            if not chunk.choices:
+            # Every field is checked as it is read: the stream is the server's word, not ours.
+            if not (choices := field(chunk, "choices", list)):
                 continue
-            choice = chunk.choices[0]
-            delta = choice.delta
-            if delta.content:
-                print(delta.content, end="", flush=True)
-                text += delta.content
+            choice = choices[0]
+            delta = field(choice, "delta", object)  # null or missing: nothing new in this chunk
+            if content := field(delta, "content", str):
+                print(safe(content), end="", flush=True)
+                text += content
             # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
-            reasoning += getattr(delta, "reasoning_content", None) or ""
-            for piece in delta.tool_calls or []:
+            reasoning += field(delta, "reasoning_content", str) or ""
+            for piece in field(delta, "tool_calls", list) or []:
                 # A call arrives in fragments: id and name first, then the
                 # arguments in pieces. Join them per index. (Ollama sends
                 # whole calls, and old versions leave out the index.)
-                index = piece.index if piece.index is not None else len(calls)
+                index = field(piece, "index", int)
                 call = calls.setdefault(
-                    index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                    index if index is not None else len(calls),
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
                 )
-                call["id"] = piece.id or call["id"]
-                if piece.function:
-                    call["function"]["name"] = piece.function.name or call["function"]["name"]
-                    call["function"]["arguments"] += piece.function.arguments or ""
-            finish_reason = choice.finish_reason or finish_reason
+                call["id"] = field(piece, "id", str) or call["id"]
+                if function := field(piece, "function", object):
+                    call["function"]["name"] = field(function, "name", str) or call["function"]["name"]
+                    call["function"]["arguments"] += field(function, "arguments", str) or ""
+            finish_reason = field(choice, "finish_reason", str) or finish_reason
+    except Stalled:
+        if finish_reason is None:  # a server that never closes after the finish chunk has still answered
+            quiet = f"no data from {BASE_URL} for {STREAM_TIMEOUT:g} s (keep-alive comments do not count)"
+            raise Failure(f"{quiet}; try again, or raise STREAM_TIMEOUT") from None
     except openai.APIError as error:
         if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
             raise Failure(describe(error)) from None
+    except ValueError:  # the SDK's own parse of an SSE line: not JSON, or not UTF-8
+        raise Failure("the server sent a malformed stream (a line that is not JSON or not UTF-8); try again") from None
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
         if text:
             print(flush=True)  # end the text's line, complete or not
     # A stream can simply stop (a proxy, a crash): no finish_reason means
@@ -778,7 +1001,7 @@ def cached_tokens(usage: object) -> int:
     hit = getattr(usage, "prompt_cache_hit_tokens", None)  # DeepSeek
     if hit is None:  # OpenAI: usage.prompt_tokens_details.cached_tokens
         hit = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
-    return hit or 0
+    return hit if isinstance(hit, int) else 0
 
 
 # ---- the agent loop: ask, run the tools it asks for, ask again ----
@@ -817,6 +1040,8 @@ def main(args: list[str]) -> int:
         if not API_KEY or not MODEL:
             print(SETUP_GUIDE, file=sys.stderr)
             return 1
+        if STREAM_TIMEOUT is None:
+            raise Failure(f"STREAM_TIMEOUT must be a number of seconds above 0, not {os.environ['STREAM_TIMEOUT']!r}")
 
         if resume_id is not None:
             session = open_session(resume_id)
@@ -849,7 +1074,8 @@ def run(session: Session) -> int:
     for round_number in range(1, MAX_ROUNDS + 1):
         message, finish_reason, usage = stream_turn(client, sendable(history))
         history.append(message)  # the assistant message goes before its tool results
-        prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
+        prompt_tokens, cached = getattr(usage, "prompt_tokens", None), cached_tokens(usage)
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else "?"
         if "tool_calls" not in message:
             session.save()
             print(
@@ -859,17 +1085,27 @@ def run(session: Session) -> int:
             )
             return 0
         print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+        cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
+        if cut_off:
+            print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
-            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+            if cut_off:
+                call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+                result = CUT_OFF
+            else:
+                print(f"[round {round_number}] {safe(name, 60)}({safe(raw_arguments, 300)})", file=sys.stderr)
+                result = registry.run(name, raw_arguments)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         session.save()  # the assistant message and all its results in one write: never a call without results
     print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
     return 1
 
 
 if __name__ == "__main__":
+    for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks becomes "?", not a crash
+        stream.reconfigure(errors="replace")
     # A kill or a closed terminal stops the agent as Ctrl-C does, so the
     # finally in run_command() kills a running command's process group.
     for number in STOP_SIGNALS[1:]:

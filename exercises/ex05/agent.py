@@ -62,6 +62,10 @@ def describe(error: openai.APIError) -> str:
 
 
 MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
 
 
 class TurnFailed(Exception):
@@ -193,11 +197,19 @@ def main() -> None:
                 file=sys.stderr,
             )
             return
+        cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
+        if cut_off:
+            print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
-            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": run_tool(name, raw_arguments)})
+            if cut_off:
+                call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+                result = CUT_OFF
+            else:
+                print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+                result = run_tool(name, raw_arguments)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
     print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
     sys.exit(1)
 

@@ -69,6 +69,10 @@ def describe(error: openai.APIError) -> str:
 
 
 MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
@@ -284,11 +288,13 @@ class Registry:
         try:
             # Read before write: the model may only change a file whose current
             # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-            path = Path(args["path"]).resolve() if "path" in args else None
+            # Only a file tool's path counts: a stray "path" key on bash reads nothing.
+            path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
             if tool.changes_files and path.exists() and path not in self.known_files:
                 return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
             result = tool.run(args)
-        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+        # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
+        except (OSError, ValueError, RuntimeError) as error:
             return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
@@ -387,11 +393,19 @@ def main() -> None:
                 file=sys.stderr,
             )
             return
+        cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
+        if cut_off:
+            print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
-            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+            if cut_off:
+                call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+                result = CUT_OFF
+            else:
+                print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+                result = registry.run(name, raw_arguments)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
     print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
     sys.exit(1)
 

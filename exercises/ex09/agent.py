@@ -69,6 +69,10 @@ def describe(error: openai.APIError) -> str:
 
 
 MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
@@ -184,12 +188,24 @@ def permission(command: str) -> str:
     return "ask"
 
 
+def visible(text: str) -> str:
+    """text with every control character written as an escape (\\r, \\x1b, \\u202e), so
+    that no carriage return or escape sequence can redraw what the prompt shows."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def approved(command: str) -> bool:
-    """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
-    print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()
-    if not answer:  # end of input: nobody is there to say yes
-        print("(no answer: refused)", file=sys.stderr)
+    """Ask the person at the terminal. Only y or yes runs it; anything else refuses.
+    The answer is read from the terminal itself: input piped into the program
+    never approves, and with no terminal nobody is there to say yes."""
+    try:
+        with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
+            terminal.write(f"\n⚠  the model wants to run: {visible(command)}\nallow? (y/N) ".encode())
+            answer = terminal.readline().decode(errors="replace")
+    except OSError:  # no controlling terminal
+        answer = ""
+    if not answer:
+        print("(no answer from a terminal: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -332,11 +348,13 @@ class Registry:
         try:
             # Read before write: the model may only change a file whose current
             # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-            path = Path(args["path"]).resolve() if "path" in args else None
+            # Only a file tool's path counts: a stray "path" key on bash reads nothing.
+            path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
             if tool.changes_files and path.exists() and path not in self.known_files:
                 return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
             result = tool.run(args)
-        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+        # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
+        except (OSError, ValueError, RuntimeError) as error:
             return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
@@ -446,11 +464,19 @@ def main() -> None:
             )
             return
         print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+        cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
+        if cut_off:
+            print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
-            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+            if cut_off:
+                call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+                result = CUT_OFF
+            else:
+                print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+                result = registry.run(name, raw_arguments)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
     print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
     sys.exit(1)
 

@@ -10,6 +10,7 @@ conversation does not.
 """
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -75,6 +76,10 @@ def describe(error: openai.APIError) -> str:
 
 
 MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
@@ -200,12 +205,24 @@ def permission(command: str) -> str:
     return "ask"
 
 
+def visible(text: str) -> str:
+    """text with every control character written as an escape (\\r, \\x1b, \\u202e), so
+    that no carriage return or escape sequence can redraw what the prompt shows."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
 def approved(command: str) -> bool:
-    """Ask the person at the keyboard. Only y or yes runs it; anything else, or no answer, refuses."""
-    print(f"\n⚠  the model wants to run: {command}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
-    answer = sys.stdin.readline()
-    if not answer:  # end of input: nobody is there to say yes
-        print("(no answer: refused)", file=sys.stderr)
+    """Ask the person at the terminal. Only y or yes runs it; anything else refuses.
+    The answer is read from the terminal itself: input piped into the program
+    never approves, and with no terminal nobody is there to say yes."""
+    try:
+        with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
+            terminal.write(f"\n⚠  the model wants to run: {visible(command)}\nallow? (y/N) ".encode())
+            answer = terminal.readline().decode(errors="replace")
+    except OSError:  # no controlling terminal
+        answer = ""
+    if not answer:
+        print("(no answer from a terminal: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -314,24 +331,29 @@ TRASH = WORKDIR / ".trash"
 
 
 def backup_key(path: Path) -> str:
-    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt."""
-    return urllib.parse.quote(os.path.relpath(path.resolve(), WORKDIR), safe="")
+    """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
+    A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
+    # os.path.realpath, not Path.resolve: it never raises on a symlink loop.
+    key = urllib.parse.quote(os.path.relpath(os.path.realpath(path), WORKDIR), safe="")
+    return key if len(key) <= 200 else f"{key[:160]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def backup(path: Path) -> Path:
-    """Copy path's current bytes into .trash/ under a name no other backup has; return it."""
+    """Copy path's current bytes into .trash/ under a name no other backup has; return it.
+    A backup holds what the file held, so it is private: 0600 in a 0700 .trash/."""
     data = path.read_bytes()
-    TRASH.mkdir(exist_ok=True)
+    TRASH.mkdir(mode=0o700, exist_ok=True)
     # UTC to the microsecond sorts by age; "~" separates it from the key.
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     for attempt in itertools.count():
         target = TRASH / f"{backup_key(path)}~{stamp}{f'.{attempt}' if attempt else ''}"
         try:
-            with open(target, "xb") as file:  # "x": fail rather than replace another backup
-                file.write(data)
-            return target
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # fail rather than replace another backup
         except FileExistsError:
             continue
+        with open(fd, "wb") as file:
+            file.write(data)
+        return target
 
 
 def restore(name: str) -> None:
@@ -395,11 +417,13 @@ class Registry:
         try:
             # Read before write: the model may only change a file whose current
             # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
-            path = Path(args["path"]).resolve() if "path" in args else None
+            # Only a file tool's path counts: a stray "path" key on bash reads nothing.
+            path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
             if tool.changes_files and path.exists() and path not in self.known_files:
                 return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
             result = tool.run(args)
-        except (OSError, ValueError) as error:  # ValueError: a NUL byte or a lone surrogate in the arguments
+        # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
+        except (OSError, ValueError, RuntimeError) as error:
             return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files.add(path)
@@ -463,6 +487,14 @@ def create_session(history: list[dict]) -> Session:
     return session
 
 
+def parsed(line: bytes) -> object:
+    """The JSON value of one line, or None: not UTF-8, not JSON, or nested too deep to parse."""
+    try:
+        return json.loads(line.decode())
+    except (ValueError, RecursionError):
+        return None
+
+
 def open_session(session_id: str) -> Session:
     """Replay a session file into a history. A torn last line is cut off the
     file; a damaged complete line is reported by number and kept."""
@@ -472,27 +504,29 @@ def open_session(session_id: str) -> Session:
     if not path.is_file():
         die(f"no session {session_id} in {SESSIONS.name}/")
     data = path.read_bytes()
-    complete = data.rfind(b"\n") + 1  # what follows the last newline is a write cut short
+    tail = data[data.rfind(b"\n") + 1 :]  # after the last newline: nothing, or a write cut short
+    if isinstance(parsed(tail), dict):  # a whole record whose newline is missing (a hand edit): keep it
+        with open(path, "ab") as file:
+            file.write(b"\n")
+        data += b"\n"
+    elif tail:
+        # The book drops the torn line only in memory. The next save would then
+        # glue a record onto it, and that line would be lost as well.
+        data = data[: -len(tail)]
+        with open(path, "r+b") as file:
+            file.truncate(len(data))
+            os.fsync(file.fileno())
+        print(
+            f"warning: dropped an incomplete last line ({len(tail)} bytes) left by an interrupted write",
+            file=sys.stderr,
+        )
     history, damaged = [], []
-    for number, line in enumerate(data[:complete].split(b"\n")[:-1], start=1):
-        try:
-            record = json.loads(line.decode())
-        except ValueError:  # not UTF-8, or not JSON
-            record = None
+    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        record = parsed(line)
         if isinstance(record, dict) and record.get("type") == "message" and isinstance(record.get("message"), dict):
             history.append(record["message"])
         elif line.strip() and not (isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
-    if complete < len(data):
-        # The book drops the torn line only in memory. The next save would then
-        # glue a record onto it, and that line would be lost as well.
-        with open(path, "r+b") as file:
-            file.truncate(complete)
-            os.fsync(file.fileno())
-        print(
-            f"warning: dropped an incomplete last line ({len(data) - complete} bytes) left by an interrupted write",
-            file=sys.stderr,
-        )
     if damaged:
         numbers = ", ".join(map(str, damaged))
         print(f"warning: skipped damaged line(s) {numbers} of {path.name}; they stay in the file", file=sys.stderr)
@@ -507,6 +541,8 @@ MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the bo
 def list_sessions() -> None:
     """-list: each session's ID and its number of messages, counted without replaying them."""
     for path in sorted(SESSIONS.glob("*.jsonl")):
+        if not path.is_file():  # a FIFO would never end, a dangling link cannot be read
+            continue
         lines = path.read_bytes().split(b"\n")
         print(f"{path.stem}  {sum(line.startswith(MESSAGE_LINE) for line in lines)} messages")
 
@@ -629,11 +665,19 @@ def main() -> None:
             )
             return
         print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+        cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
+        if cut_off:
+            print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
         # One tool message per call, in the order the model asked.
         for call in message["tool_calls"]:
             name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
-            print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": registry.run(name, raw_arguments)})
+            if cut_off:
+                call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+                result = CUT_OFF
+            else:
+                print(f"[round {round_number}] {name}({raw_arguments})", file=sys.stderr)
+                result = registry.run(name, raw_arguments)
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         session.save()  # the assistant message and all its results in one write: never a call without results
     print(f"stopped: reached the {MAX_ROUNDS}-round limit\n{hint}", file=sys.stderr)
     sys.exit(1)
