@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from dotenv import find_dotenv, load_dotenv
 
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
-    import openai  # imported where a model is called, since it takes about a second
+    import openai  # imported where a model is called: it is most of the start-up time
 
 # ---- configuration: environment variables, or a .env file where you run ----
 
@@ -186,7 +186,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     if mode is not None and not os.access(path, os.W_OK):  # read-only stays read-only, as with a plain write
         raise PermissionError(errno.EACCES, "Permission denied")
     temporary = path.with_name(f".agent-{os.urandom(4).hex()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # a new file: the umask applies
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file: the umask applies
     try:
         with open(fd, "wb") as file:
             if mode is not None:
@@ -221,7 +221,7 @@ def read_file(args: dict) -> str:
         return "error: offset must be a whole number of bytes, at least 0"
     # O_NONBLOCK: opening a FIFO must not wait for a writer. Only a regular
     # file is read: /dev/zero never ends, and a directory has no text.
-    fd = os.open(args["path"], os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(args["path"], os.O_RDONLY | os.O_NONBLOCK)
     with open(fd, "rb") as file:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
@@ -623,7 +623,7 @@ class Session:
         except OSError as error:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, self.size)  # take back a half-written batch
-            raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from None
+            raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from error
         self.size += len(data)
         self.saved = len(self.history)
 
@@ -643,7 +643,7 @@ def create_session(history: list[dict]) -> Session:
         SESSIONS.mkdir(mode=0o700, exist_ok=True)
         session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
         path = SESSIONS / f"{session_id}.jsonl"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     except OSError as error:
         raise Failure(f"cannot create a session in {SESSIONS}: {error.strerror or error}") from None
     lock(fd, session_id)
@@ -655,9 +655,10 @@ def create_session(history: list[dict]) -> Session:
             os.fsync(directory)  # the new name is durable too, not only the bytes
         finally:
             os.close(directory)
-    except (Failure, OSError):
+    except (Failure, OSError) as error:
         path.unlink(missing_ok=True)  # never announced, holds nothing: not a session yet
-        raise
+        cause = error.__cause__ or error  # the OSError behind a failed save
+        raise Failure(f"cannot create a session in {SESSIONS}: {getattr(cause, 'strerror', None) or cause}") from None
     return session
 
 
@@ -666,9 +667,7 @@ def open_session(wanted: str) -> Session:
     session_id = find_session(wanted)
     try:
         # O_NOFOLLOW and O_NONBLOCK: a symlink or a FIFO put in its place is refused, never followed or waited on.
-        fd = os.open(
-            SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-        )
+        fd = os.open(SESSIONS / f"{session_id}.jsonl", os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Failure(f"cannot open session {session_id}: not a regular file")
         lock(fd, session_id)  # before reading: another run may be appending right now
@@ -928,7 +927,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
             model=MODEL,
             max_tokens=4096,
             # Given messages=history, the SDK walks every message against its
-            # type hints before sending (about 0.5 ms a message: seconds for a
+            # type hints before sending (0.15 to 0.5 ms a message: seconds for a
             # long session). How this avoids it: the SDK builds the JSON body
             # from the named arguments, then merges extra_body over its top
             # level, so this "messages" replaces the empty list (the argument
@@ -1067,7 +1066,7 @@ def main(args: list[str]) -> int:
 
 def run(session: Session) -> int:
     """The agent loop over a session: save after every round. Returns the exit status."""
-    import openai  # here, not at the top: -list, -restore and -h never pay the SDK's ~1 s import
+    import openai  # here, not at the top: -list, -restore and -h never pay for importing the SDK
 
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     history = session.history

@@ -2,7 +2,10 @@
 
 Every run is hermetic: a temporary working directory, a minimal environment
 (no real keys, no .env from the repo, no proxy), the fake provider's URL, and
-umask 022, so modes such as 0600 must come from the program itself.
+umask 022, so modes such as 0600 must come from the program itself. A program
+runs in a session of its own with no controlling terminal, so a permission
+question is refused and can never reach the terminal pytest runs in; a test
+that answers questions gives it a pseudo-terminal (`Terminal`) instead.
 
 Plain helpers (tool-call builders, output views, session files, a live run
 you can watch) are in helpers.py.
@@ -15,6 +18,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -69,47 +73,123 @@ def hermetic_env(provider: FakeProvider | None, home: Path, **extra: str | None)
     return env
 
 
+class Terminal:
+    """A pseudo-terminal to be a program's controlling terminal, with a person at it
+    who answers each `allow? (y/N)` question with the next line of `answers`, and
+    once they run out with end of input (Ctrl-D), or, with hang_up=False, never.
+    `shown` is everything the program wrote to the terminal, the echoed answers too."""
+
+    QUESTION = b"allow? (y/N) "
+
+    def __init__(self, answers: str = "", hang_up: bool = True) -> None:
+        self.master, self.slave = os.openpty()  # the slave stays open here until close(): reads never see EIO early
+        self.name = os.ttyname(self.slave)
+        self.answers = answers.splitlines(keepends=True)
+        self.hang_up = hang_up
+        self.shown = b""
+        self.questions = 0
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: closed
+                return
+            if not data:
+                return
+            with self.changed:
+                self.shown += data
+                while self.shown.count(self.QUESTION) > self.questions:
+                    self.questions += 1
+                    if self.answers:
+                        os.write(self.master, self.answers.pop(0).encode())
+                    elif self.hang_up:
+                        os.write(self.master, b"\x04")
+                self.changed.notify_all()
+
+    def wait_for(self, needle: str, count: int = 1, timeout: float = 30) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.shown.count(needle.encode()) >= count, timeout):
+                raise TimeoutError(f"{needle!r} never reached the terminal: {self.text}")
+
+    @property
+    def text(self) -> str:
+        return self.shown.decode(errors="replace").replace("\r\n", "\n")
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """argv run in a new session whose controlling terminal is this one (opening it makes it so)."""
+        attach = "import os, sys; os.setsid(); os.close(os.open(sys.argv[1], os.O_RDWR)); os.execv(sys.argv[2], sys.argv[2:])"
+        return [sys.executable, "-c", attach, self.name, *argv]
+
+    def close(self) -> None:
+        os.close(self.slave)
+        self.thread.join(5)
+        os.close(self.master)
+
+
 def run_agent(
     chapter: int | str,
     *args: str,
     provider: FakeProvider | None,
     cwd: Path,
     stdin: str | None = None,
+    answers: str | None = None,
     timeout: float = 120,
     python: str = sys.executable,
     options: dict | None = None,
     **env: str | None,
 ) -> subprocess.CompletedProcess:
-    """Run a chapter's program to completion; stdout and stderr are text.
-    `options` go to subprocess.run (user=, preexec_fn=, ...)."""
-    return subprocess.run(
-        [python, str(program(chapter)), *args],
-        cwd=cwd,
-        env=hermetic_env(provider, cwd.parent, **env),
-        input=stdin if stdin is not None else "",
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        errors="replace",
-        timeout=timeout,
-        umask=0o022,
-        **(options or {}),
-    )
+    """Run a chapter's program to completion; stdout and stderr are text. With
+    `answers`, it runs at a Terminal that answers its questions, and the result's
+    `terminal` is what the terminal showed. `options` go to subprocess.run."""
+    argv = [python, str(program(chapter)), *args]
+    terminal = Terminal(answers) if answers is not None else None
+    try:
+        result = subprocess.run(
+            terminal.argv(argv) if terminal else argv,
+            cwd=cwd,
+            env=hermetic_env(provider, cwd.parent, **env),
+            input=stdin if stdin is not None else "",
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+            umask=0o022,
+            start_new_session=terminal is None,  # no controlling terminal: no question can be answered
+            **(options or {}),
+        )
+    finally:
+        if terminal:
+            terminal.close()
+    result.terminal = terminal.text if terminal else ""
+    return result
 
 
 def start_agent(
-    chapter: int | str, *args: str, provider: FakeProvider | None, cwd: Path, **env: str | None
+    chapter: int | str,
+    *args: str,
+    provider: FakeProvider | None,
+    cwd: Path,
+    terminal: Terminal | None = None,
+    **env: str | None,
 ) -> subprocess.Popen:
-    """Start a chapter's program without waiting; pipes for stdin, stdout, stderr (bytes).
-    helpers.Live wraps this with bounded waits; prefer it."""
+    """Start a chapter's program without waiting; pipes for stdin, stdout, stderr (bytes),
+    and `terminal` as its controlling terminal if given. helpers.Live wraps this with
+    bounded waits; prefer it."""
+    argv = [sys.executable, str(program(chapter)), *args]
     return subprocess.Popen(
-        [sys.executable, str(program(chapter)), *args],
+        terminal.argv(argv) if terminal else argv,
         cwd=cwd,
         env=hermetic_env(provider, cwd.parent, **env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         umask=0o022,
+        start_new_session=terminal is None,
     )
 
 

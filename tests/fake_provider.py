@@ -55,6 +55,10 @@ class Reply:
     cut_after: int | None = None  # stop sending after N events
     cut_mode: str = "broken"  # "broken": bad chunked encoding; "close": clean EOF
     pause_after: int | None = None  # hold after N events until release()
+    keepalive_after: int | None = None  # after N events, only ": keep-alive" comments until the client leaves
+    # The SSE body as raw bytes, sent as they are (a broken proxy, a hostile server):
+    # the events above are ignored. Each item is one HTTP chunk.
+    raw: list[bytes] | None = None
     error_after: int | None = None  # a data: {"error":...} line after N events
     # An HTTP error status instead of a completion.
     status: int = 200
@@ -64,6 +68,16 @@ class Reply:
 
 def text(content: str, **kw: Any) -> Reply:
     return Reply(content=content, **kw)
+
+
+def raw(*pieces: bytes) -> Reply:
+    """A streamed reply of raw bytes, one HTTP chunk each: whatever a broken or hostile server sends."""
+    return Reply(raw=list(pieces))
+
+
+def sse(payload: Any) -> bytes:
+    """One SSE event: `data: <payload as JSON>` and the blank line after it."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 def tool_call(name: str, args: Any, call_id: str | None = None, **kw: Any) -> Reply:
@@ -173,6 +187,7 @@ class FakeProvider:
         self.thinking = False  # DeepSeek thinking mode: reasoning_content required on tool-call turns
         self.legacy_reasoner = False  # R1 era: any reasoning_content is a 400
         self.paused = threading.Event()  # set when a reply reaches pause_after
+        self.closed = threading.Event()  # set by close(): replies that would run forever stop
         self.gate = threading.Event()  # release() lets a paused reply go on
         self.received = threading.Condition()
         self._lock = threading.Lock()
@@ -218,6 +233,7 @@ class FakeProvider:
         self.gate.set()
 
     def close(self) -> None:
+        self.closed.set()
         self.gate.set()
         self.server.shutdown()
         self.server.server_close()
@@ -420,9 +436,20 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
+            if reply.raw is not None:
+                for piece in reply.raw:
+                    send(piece)
+                send(b"")
+                self.close_connection = True
+                return
             for _ in range(reply.keepalive):
                 send(b": keep-alive\n\n")
             for i, event in enumerate(events):
+                if i == reply.keepalive_after:
+                    while not fp.closed.is_set():  # the SDK's read timeout never strikes: bytes keep coming
+                        send(b": keep-alive\n\n")
+                        fp.closed.wait(0.05)
+                    return
                 if i == reply.cut_after:
                     return self._cut(reply.cut_mode)
                 if i == reply.error_after:

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from conftest import start_agent
+from conftest import Terminal, start_agent
 from fake_provider import FakeProvider, Reply, sequence_error, tool_calls
 
 # ---------------------------------------------------------------- chapters
@@ -246,9 +246,20 @@ class Live:
     Every wait is bounded; used as a context manager, it is killed if a test fails early."""
 
     def __init__(
-        self, chapter: int | str, *args: str, provider: FakeProvider | None, cwd: Path, stdin: bytes = b"", **env: str
+        self,
+        chapter: int | str,
+        *args: str,
+        provider: FakeProvider | None,
+        cwd: Path,
+        stdin: bytes = b"",
+        answers: str | None = None,
+        hang_up: bool = True,
+        **env: str,
     ) -> None:
-        self.proc = start_agent(chapter, *args, provider=provider, cwd=cwd, **env)
+        """With `answers`, the program runs at a conftest.Terminal (self.terminal) that
+        answers its questions; with hang_up=False, a question left unanswered waits."""
+        self.terminal = Terminal(answers, hang_up) if answers is not None else None
+        self.proc = start_agent(chapter, *args, provider=provider, cwd=cwd, terminal=self.terminal, **env)
         self.out = b""
         self.err = b""
         if stdin:
@@ -261,6 +272,8 @@ class Live:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate(timeout=30)
+        if self.terminal:
+            self.terminal.close()
 
     def write(self, data: bytes) -> None:
         self.proc.stdin.write(data)

@@ -467,7 +467,7 @@ class Session:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())  # on the disk, not only in the kernel's cache
-        except OSError as error:  # a full disk: at worst a torn last line, which the next resume cuts off
+        except OSError as error:  # a full disk; agent.py also takes back the lines of a batch cut short
             die(f"cannot save session {self.id}: {error.strerror or error}")
         self.saved = len(self.history)
 
