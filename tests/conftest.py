@@ -110,6 +110,11 @@ class Terminal:
                         os.write(self.master, b"\x04")
                 self.changed.notify_all()
 
+    def type(self, keys: str) -> None:
+        """Type at the terminal now, whatever it shows: typing ahead, or an answer given by hand
+        (with hang_up=False and no answers left). "\\x04" is Ctrl-D."""
+        os.write(self.master, keys.encode())
+
     def wait_for(self, needle: str, count: int = 1, timeout: float = 30) -> None:
         with self.changed:
             if not self.changed.wait_for(lambda: self.shown.count(needle.encode()) >= count, timeout):
@@ -125,9 +130,14 @@ class Terminal:
         return [sys.executable, "-c", attach, self.name, *argv]
 
     def close(self) -> None:
+        """Close the terminal, once the program is done with it (closing twice does nothing).
+        What it showed stays in `shown`."""
+        if self.master is None:
+            return
         os.close(self.slave)
         self.thread.join(5)
         os.close(self.master)
+        self.master = self.slave = None
 
 
 def run_agent(

@@ -315,6 +315,8 @@ class Live:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.communicate(timeout=30)
+            if self.terminal:
+                self.terminal.close()
         return self.proc.returncode, (self.out + out).decode(), (self.err + err).decode()
 
     def completed(self, timeout: float = 60) -> subprocess.CompletedProcess:
