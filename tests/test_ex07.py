@@ -11,7 +11,6 @@ agent's time pass without 30 seconds of waiting.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import secrets
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hermetic_env, load_program, program, run_agent, wait_for_file
+from conftest import Terminal, hermetic_env, load_program, program, run_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, text
 from helpers import (
     Live,
@@ -48,15 +47,15 @@ MARKER = re.compile(r"\A\[\.\.\. first (\d+) bytes truncated, showing the end \.
 YES = "y\n" * 40  # chapter 9's gate asks about most of these commands: approve every one
 
 
-def stdin_for(chapter: int | str, text_: str = "") -> str:
-    """What the program reads: an approval per prompt once there is a gate, then `text_`."""
-    return (YES if since(chapter, 9) else "") + text_
+def answers_for(chapter: int | str) -> str | None:
+    """From chapter 9 on, a person at the terminal approves every question; before it, no terminal."""
+    return YES if since(chapter, 9) else None
 
 
 def run(chapter: int | str, provider: FakeProvider, workdir: Path, *replies: Reply, stdin: str = "") -> dict[str, str]:
     """Run the agent to a "Done." answer; return every tool result the model got, by call id."""
     provider.script(*replies, text("Done."))
-    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter, stdin))
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin, answers=answers_for(chapter))
     assert_ok(result, stdout="Done.\n")
     return results(provider)
 
@@ -188,7 +187,7 @@ def test_timeout_kills_the_whole_process_group(provider: FakeProvider, workdir: 
     duration = f"61.{secrets.randbelow(10**6):06d}"
     command = f"echo started; sleep {duration} & sleep {duration}"
     provider.script(bash_calls(k={"command": command, "timeout": 1}), text("Done."))
-    with Live(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter).encode()) as agent:
+    with Live(chapter, TASK, provider=provider, cwd=workdir, answers=answers_for(chapter)) as agent:
         try:
             # Time the tool round only (between the two requests), not Python's start-up.
             provider.wait_requests(1, timeout=60)
@@ -226,7 +225,11 @@ class AgentClock:
         return getattr(time, name)
 
 
-TICKING = "echo started; while :; do echo tick; sleep 0.01; done"  # output keeps the agent's loop turning
+# Output keeps the agent's read loop turning: a file far bigger than the 30 turns take in
+# (at most 64 KiB each), so `cat` is still writing when the kill comes. `cat FILE` is also a
+# command chapter 9's gate lets run without a question: in-process, nobody is at a terminal.
+TICKS = "tick\n" * 2_000_000
+TICKING = "cat ticks.txt"
 
 
 @pytest.mark.parametrize(("arguments", "seconds"), [({}, 30), ({"timeout": 3}, 3)], ids=["default", "timeout-3"])
@@ -235,6 +238,9 @@ def test_default_timeout_is_30_seconds(
 ) -> None:
     """The command is killed when the agent's clock says 30 s have passed since it started, not before."""
     agent = load_program(chapter, tmp_path, monkeypatch)
+    (tmp_path / "ticks.txt").write_text(TICKS, encoding="utf-8")
+    if since(chapter, 9):
+        assert agent.permission(TICKING) == "allow"  # never a question: it would go to pytest's own terminal
     clock = AgentClock()
     monkeypatch.setattr(agent, "time", clock)
     kills: list[tuple[float, bool]] = []  # (the agent's clock, was the command still running?)
@@ -245,14 +251,16 @@ def test_default_timeout_is_30_seconds(
         real_killpg(group, number)
 
     monkeypatch.setattr(os, "killpg", watched_killpg)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(YES))  # chapter 9's gate asks about this command
     started = time.monotonic()
     result = agent.bash({"command": TICKING, **arguments})
     assert time.monotonic() - started < 20, "the kill waited for real seconds, not the agent's"
 
-    prefix = f"error: command exceeded {seconds} s and was killed. Output before the kill:\nstarted\n"
+    prefix = f"error: command exceeded {seconds} s and was killed. Output before the kill:\n"
     assert result.startswith(prefix), result[:200]
-    assert set(result[len(prefix) :].splitlines()) <= {"tick"}, result[:200]
+    truncated, shown = split_marker(result[len(prefix) :])
+    *whole, last = shown.split("\n")
+    assert whole and set(whole) == {"tick"} and "tick".startswith(last), result[:200]  # the kill may cut a line
+    assert truncated + len(shown) < len(TICKS)  # killed before the end of the file
     # Readings: the start (when Popen returned), then one per turn of the read loop.
     assert kills == [(clock.readings[0] + seconds, True)], (kills, clock.readings)
     assert clock.readings[-2] == clock.readings[0] + seconds - 1  # one second earlier, it was left to run
@@ -291,15 +299,22 @@ def test_huge_output_keeps_memory_bounded(provider: FakeProvider, workdir: Path,
     provider.script(bash_calls(big=f"yes | head -c {size}"), text("Done."))
     # A helper process runs the agent and reports its children's peak RSS.
     rss_file = workdir.parent / "maxrss"
-    result = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(rss_file), sys.executable, str(program(chapter)), TASK],
-        cwd=workdir,
-        env=hermetic_env(provider, workdir.parent),
-        input=stdin_for(chapter),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    agent = [sys.executable, str(program(chapter)), TASK]
+    terminal = Terminal(answers) if (answers := answers_for(chapter)) is not None else None
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(rss_file), *(terminal.argv(agent) if terminal else agent)],
+            cwd=workdir,
+            env=hermetic_env(provider, workdir.parent),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            start_new_session=terminal is None,
+        )
+    finally:
+        if terminal:
+            terminal.close()
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert result.stdout == "Done.\n"
     peak_mb = int(rss_file.read_text()) / 1024  # Linux reports kilobytes
@@ -341,7 +356,7 @@ def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
     first = calls(("r1", "read_file", {"path": "notes.txt"}))
     provider.script(first, bash_calls(long="sleep 60 & echo $! > child.txt; echo $$ > shell.txt; wait"))
     shell = child = None
-    with Live(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin_for(chapter).encode()) as live:
+    with Live(chapter, TASK, provider=provider, cwd=workdir, answers=answers_for(chapter)) as live:
         try:
             shell = int(wait_for_file(workdir / "shell.txt"))
             child = int((workdir / "child.txt").read_text())  # written before shell.txt
