@@ -3,32 +3,36 @@
 The real exercises/ex08/agent.py and exercises/ex09/agent.py run as
 subprocesses against the fake provider, and so does agent.py ("final"), which
 inherits both. The full permission table is also checked in-process against
-permission() and approved(); a sample of it runs end to end, where the files
-on disk prove which commands ran and which did not.
+permission(); a sample of it runs end to end, where the files on disk prove
+which commands ran and which did not. Questions are answered at a
+pseudo-terminal (conftest.Terminal), the only place approved() reads from, so
+every check of approved() runs the real function in a process of its own.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
+import json
 import os
 import re
 import select
+import subprocess
 import sys
 from pathlib import Path
 
 import openai
 import pytest
 
-from conftest import run_agent
+from conftest import Terminal, hermetic_env, program, run_agent
 from fake_provider import FakeProvider, text, tool_call
-from helpers import ROUND_USAGE, Live, assert_ok, bash_calls, calls, chapter_output, results, summary
+from helpers import ROUND_USAGE, Live, assert_ok, bash_calls, calls, chapter_output, project_files, results, summary
 
 TASK = "Do the work."
 NO_OUTPUT = "(command succeeded with no output)"
 DENIED = "error: permission denied — the command matches a deny rule; it was not run"
 REFUSED = "error: permission denied — the user did not approve this command"
 PROMPT = re.compile(r"\n⚠  the model wants to run: (.*)\nallow\? \(y/N\) ")
+NOBODY = "(no answer from a terminal: refused)"  # on stderr, when no answer came from a terminal
 chapter_8 = pytest.mark.parametrize("chapter", [8, "final"])
 chapter_9 = pytest.mark.parametrize("chapter", [9, "final"])
 
@@ -177,10 +181,25 @@ PERMISSION_TABLE = [
 ]
 
 
+# agent.py asks about git status: git runs the programs its config names (core.fsmonitor),
+# and a model that wrote .git/config would run code without a question (README, Security model).
+FINAL_LEVELS = {"git status": "ask", "git status --short": "ask"}
+
+
+def level_in(chapter: int | str, command: str, level: str) -> str:
+    """The level a command has in this program: chapter 9's table, with agent.py's changes."""
+    return FINAL_LEVELS.get(command, level) if chapter == "final" else level
+
+
+def chapter_of(module) -> int | str:
+    return "final" if Path(module.__file__) == program("final") else 9
+
+
 @gate
 def test_permission_table(loaded) -> None:
     got = [(command, loaded.permission(command)) for command in dict(PERMISSION_TABLE)]
-    assert got == PERMISSION_TABLE
+    chapter = chapter_of(loaded)
+    assert got == [(command, level_in(chapter, command, level)) for command, level in PERMISSION_TABLE]
 
 
 LEVELS = {"deny": "DENY", "ask": "ASK", "allow": "ALLOW"}  # strongest first
@@ -209,39 +228,84 @@ def test_deny_beats_ask_beats_allow_whatever_the_rule_order(loaded, monkeypatch:
     assert checked == 64
 
 
-@gate
-@pytest.mark.parametrize(
-    "answer, approves",
-    [
-        ("y\n", True),
-        ("yes\n", True),
-        ("y", True),  # the answer, then EOF
-        ("yes\nmore\n", True),  # one line only is read
-        ("n\n", False),
-        ("no\n", False),
-        ("\n", False),  # Enter: the default is No
-        ("", False),  # EOF: nobody there
-        ("yep\n", False),
-        ("yes please\n", False),
-        ("ok\n", False),
-        ("n\ny\n", False),
-    ],
-)
-def test_only_y_or_yes_approves(
-    loaded, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, answer: str, approves: bool
-) -> None:
-    stdin = io.StringIO(answer)
-    monkeypatch.setattr(sys, "stdin", stdin)
-    assert loaded.approved("rm -rf build") is approves
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    prompt = "\n⚠  the model wants to run: rm -rf build\nallow? (y/N) "
-    if answer:
-        assert captured.err == prompt
-    else:  # at EOF a note that the command was refused may follow
-        assert captured.err.startswith(prompt), captured.err
-    if answer.count("\n") > 1:
-        assert stdin.read() == answer.split("\n", 1)[1], "read more than one line"
+# ================================================================ chapter 9: approved(), at a terminal
+
+# approved() imported from the chapter's program and called once per question, in a process
+# whose controlling terminal is a conftest.Terminal. After each call it prints the verdict and
+# what is left unread at the terminal (waiting for it only when the test says a line is left).
+ASK_AT_TERMINAL = """\
+import importlib.util, json, os, select, sys
+spec = importlib.util.spec_from_file_location("agent_at_terminal", sys.argv[1])
+agent = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = agent
+spec.loader.exec_module(agent)
+terminal = os.open("/dev/tty", os.O_RDONLY | os.O_NONBLOCK)
+for line_left in json.loads(sys.argv[3]):
+    verdict = agent.approved(sys.argv[2])
+    left = os.read(terminal, 1000) if line_left and select.select([terminal], [], [], 10)[0] else b""
+    print(json.dumps([verdict, left.decode()]), flush=True)
+    print("--", file=sys.stderr, flush=True)
+"""
+
+# (what the person types at the question, approves?, the line left unread); \x04 is Ctrl-D
+TYPED = [
+    ("y\n", True, ""),
+    ("yes\n", True, ""),
+    ("  YES \n", True, ""),
+    ("Y\n", True, ""),
+    ("y\x04\x04", True, ""),  # y, then Ctrl-D twice: the answer, then end of input
+    ("yes\nmore\n", True, "more\n"),  # one line only is read
+    ("n\n", False, ""),
+    ("no\n", False, ""),
+    ("\n", False, ""),  # Enter: the default is No
+    ("\x04", False, ""),  # Ctrl-D: end of input, nobody says yes
+    ("yep\n", False, ""),
+    ("yes please\n", False, ""),
+    ("ok\n", False, ""),
+    ("n\ny\n", False, "y\n"),
+]
+
+
+@chapter_9
+def test_only_y_or_yes_at_the_terminal_approves(workdir: Path, chapter: int | str) -> None:
+    command = "rm -rf build"
+    prompt = f"\n⚠  the model wants to run: {command}\nallow? (y/N) "
+    argv = [sys.executable, "-c", ASK_AT_TERMINAL, str(program(chapter)), command]
+    argv.append(json.dumps([bool(left) for _, _, left in TYPED]))
+    piped, pipe_in = os.pipe()
+    os.write(pipe_in, b"y\n" * len(TYPED))  # a "y" for every question piped in: never an answer
+    os.close(pipe_in)
+    terminal = Terminal(hang_up=False)  # nothing is typed but what the test types
+    try:
+        process = subprocess.Popen(
+            terminal.argv(argv),
+            cwd=workdir,
+            env=hermetic_env(None, workdir.parent),
+            stdin=piped,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            for number, (keys, _, _) in enumerate(TYPED, start=1):
+                terminal.wait_for("allow? (y/N)", count=number)
+                terminal.type(keys)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=30)
+    finally:
+        os.close(piped)
+        terminal.close()
+    assert process.returncode == 0, err.decode()
+    got = [tuple(json.loads(line)) for line in out.decode().splitlines()]
+    assert got == [(approves, left) for _, approves, left in TYPED]
+    # The question goes to the terminal only: stderr holds just the note for an empty answer.
+    notes = err.decode().split("--\n")
+    assert notes[-1] == "" and len(notes) == len(TYPED) + 1, err.decode()
+    assert notes[:-1] == [f"{NOBODY}\n" if keys == "\x04" else "" for keys, _, _ in TYPED], err.decode()
+    assert terminal.text.count(prompt) == len(TYPED), terminal.text
+    assert terminal.text.startswith(prompt), terminal.text
 
 
 # ================================================================ chapter 9: the gate, end to end
@@ -273,21 +337,28 @@ def gate_workdir(workdir: Path) -> None:
 
 
 @chapter_9
-@pytest.mark.parametrize("answer", ["y", "n", "EOF"])
+@pytest.mark.parametrize("answer", ["y", "n", "Ctrl-D", "no terminal"])
 def test_gate_end_to_end(provider: FakeProvider, workdir: Path, chapter: int | str, answer: str) -> None:
     gate_workdir(workdir)
-    asks = [command for _, command, level, _ in GATE_SAMPLE if level == "ask"]
-    stdin = "" if answer == "EOF" else f"{answer}\n" * len(asks)
-    provider.script(bash_calls(**{cid: command for cid, command, _, _ in GATE_SAMPLE}), text("Done."))
-    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin=stdin)
+    sample = [
+        (cid, command, level_in(chapter, command, level), creates) for cid, command, level, creates in GATE_SAMPLE
+    ]
+    asks = [command for _, command, level, _ in sample if level == "ask"]
+    typed = {"y": "y\n" * len(asks), "n": "n\n" * len(asks), "Ctrl-D": "", "no terminal": None}[answer]
+    provider.script(bash_calls(**{cid: command for cid, command, _, _ in sample}), text("Done."))
+    # A "y" for every question is piped in as well: it must never count as an answer.
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin="y\n" * len(asks), answers=typed)
     assert_ok(result, stdout="Done.\n")  # refusals are tool results: the loop went on
     assert len(provider.chat_requests) == 2
 
-    # Only the ask-level commands were put to the user, in order.
-    assert PROMPT.findall(result.stderr) == asks
+    # Only the ask-level commands were put to the person at the terminal, in order; never on stderr.
+    assert PROMPT.findall(result.terminal) == ([] if typed is None else asks)
+    assert "allow?" not in result.stderr, result.stderr
+    # Ctrl-D at each question, or no terminal at all: each refusal says why.
+    assert result.stderr.count(NOBODY) == (len(asks) if answer in ("Ctrl-D", "no terminal") else 0), result.stderr
     got = results(provider)
     runs = answer == "y"
-    for cid, command, level, creates in GATE_SAMPLE:
+    for cid, command, level, creates in sample:
         content = got[cid]
         ran = level == "allow" or (level == "ask" and runs)
         if level == "deny":
@@ -306,17 +377,66 @@ def test_gate_end_to_end(provider: FakeProvider, workdir: Path, chapter: int | s
 
 
 @chapter_9
+@pytest.mark.parametrize("terminal", ["none", "answers n"])
+def test_piped_input_never_approves(provider: FakeProvider, workdir: Path, chapter: int | str, terminal: str) -> None:
+    """`echo y | python agent.py ...` approves nothing: with no terminal every question is refused,
+    and at a terminal only what is typed there counts."""
+    provider.script(bash_calls(first="touch made_first", second="touch made_second"), text("Done."))
+    typed = None if terminal == "none" else "n\nn\n"
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin="y\n" * 10, answers=typed)
+    assert_ok(result, stdout="Done.\n")
+    assert results(provider) == {"first": REFUSED, "second": REFUSED}
+    assert not (workdir / "made_first").exists() and not (workdir / "made_second").exists()
+    if typed is None:
+        assert result.stderr.count(NOBODY) == 2, result.stderr
+    else:
+        assert PROMPT.findall(result.terminal) == ["touch made_first", "touch made_second"]
+        assert NOBODY not in result.stderr, result.stderr
+
+
+@chapter_9
+@pytest.mark.parametrize("answer", ["y", "n"])
+def test_the_prompt_shows_exactly_what_runs(
+    provider: FakeProvider, workdir: Path, chapter: int | str, answer: str
+) -> None:
+    """A carriage return and an erase-line sequence would redraw the question as `pytest -q`
+    while the command before them ran; a bidi override would reorder what is shown. The
+    question shows every control character escaped, and the command shown is the one that runs."""
+    hidden = "echo pwned > PWNED.txt #\r\x1b[2Kpytest -q"  # after # the shell reads a comment
+    reordered = "touch \u202eexe.txt"
+    provider.script(bash_calls(hidden=hidden, reordered=reordered), text("Done."))
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, answers=f"{answer}\n" * 2)
+    assert_ok(result, stdout="Done.\n")
+    shown = PROMPT.findall(result.terminal)
+    assert shown == ["echo pwned > PWNED.txt #\\r\\x1b[2Kpytest -q", "touch \\u202eexe.txt"], result.terminal
+    raw = result.terminal.replace("\r\n", "\n")
+    for character in ("\x1b", "\r", "\u202e"):
+        assert character not in raw, (character, result.terminal)  # never sent to the terminal as it is
+    # What runs is the command shown, escapes read back: nothing more, nothing less.
+    assert [line.encode().decode("unicode_escape") for line in shown] == [hidden, reordered]
+    made = project_files(chapter, workdir)
+    if answer == "y":
+        assert made == sorted(["PWNED.txt", "\u202eexe.txt"]), made
+        assert (workdir / "PWNED.txt").read_text() == "pwned\n"
+        assert results(provider) == {"hidden": NO_OUTPUT, "reordered": NO_OUTPUT}
+    else:
+        assert made == [], made
+        assert results(provider) == {"hidden": REFUSED, "reordered": REFUSED}
+
+
+@chapter_9
 def test_each_answer_decides_its_own_command(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
-    answers = ["y", "n", "yes", "maybe", "", "N"]  # then EOF for the rest
+    answers = ["y", "n", "yes", "maybe", "", "N"]  # then Ctrl-D for the rest
     names = [f"made_{n}" for n in range(8)]
     provider.script(
         bash_calls(**{name: f"touch {name}" for name in names}),
-        bash_calls(later="touch made_later"),  # a later round still asks, and EOF refuses
+        bash_calls(later="touch made_later"),  # a later round still asks, and Ctrl-D refuses
         text("Done."),
     )
-    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, stdin="".join(f"{a}\n" for a in answers))
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir, answers="".join(f"{a}\n" for a in answers))
     assert_ok(result, stdout="Done.\n")
-    assert PROMPT.findall(result.stderr) == [f"touch {name}" for name in names] + ["touch made_later"]
+    assert PROMPT.findall(result.terminal) == [f"touch {name}" for name in names] + ["touch made_later"]
+    assert result.stderr.count(NOBODY) == 3, result.stderr  # made_6, made_7, made_later
     got = results(provider)
     approved = {"made_0", "made_2"}
     for name in [*names, "later"]:
@@ -326,35 +446,38 @@ def test_each_answer_decides_its_own_command(provider: FakeProvider, workdir: Pa
 
 
 @chapter_9
-def test_a_command_reading_stdin_does_not_eat_the_next_answer(
+def test_a_running_command_cannot_take_the_next_answer(
     provider: FakeProvider, workdir: Path, chapter: int | str
 ) -> None:
-    # The first command signals through a FIFO once it is running; only then
-    # does the test type the second answer, so a command that shared the
-    # agent's stdin would read it (and the second command would be refused).
+    # The first command signals through a FIFO once it is running; only then does the
+    # person type the answer to the second question, ahead of it. A command that could
+    # read the agent's stdin or its terminal would take it, and the second question would
+    # wait for an answer that never comes (the run is killed after 30 s and the test fails).
     fifo = workdir / "started"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     provider.script(
         calls(
-            ("reader", "bash", {"command": "echo go > started && head -c 5", "timeout": 5}),
+            ("reader", "bash", {"command": "echo go > started && head -c 5; head -c 5 < /dev/tty", "timeout": 5}),
             ("second", "bash", {"command": "touch made_second"}),
         ),
         text("Done."),
     )
     try:
-        with Live(chapter, TASK, provider=provider, cwd=workdir) as agent:
-            agent.wait_stderr("allow? (y/N) ")
-            agent.write(b"y\n")
+        with Live(
+            chapter, TASK, provider=provider, cwd=workdir, stdin=b"n\n" * 10, answers="y\n", hang_up=False
+        ) as agent:
             ready, _, _ = select.select([reader], [], [], 60)
             assert ready and os.read(reader, 100) == b"go\n", "the first command never started"
-            agent.write(b"y\n")  # meant for the second prompt
-            result = agent.completed()
+            agent.terminal.type("y\n")  # meant for the second question
+            result = agent.completed(timeout=30)
+            shown = agent.terminal.text
     finally:
         os.close(reader)
     assert_ok(result, stdout="Done.\n")
-    assert PROMPT.findall(result.stderr) == ["echo go > started && head -c 5", "touch made_second"]
+    assert PROMPT.findall(shown) == ["echo go > started && head -c 5; head -c 5 < /dev/tty", "touch made_second"]
     got = results(provider)
-    assert got["reader"] == NO_OUTPUT, got["reader"]
+    # stdin is /dev/null, and in a session of its own the command has no terminal to open.
+    assert "/dev/tty" in got["reader"] and re.search(r"\n\[exit status [1-9]\d*\]$", got["reader"]), got["reader"]
     assert got["second"] == NO_OUTPUT, got["second"]
     assert (workdir / "made_second").exists()
