@@ -170,7 +170,7 @@ def test_kill_9_mid_tool_leaves_no_call_without_its_results(provider: FakeProvid
     )
     provider.script(tool_call("read_file", {"path": "notes.txt"}, call_id="call_r1"), batch)
     sleeper = None
-    with Live(CHAPTER, "Read, then run two commands", provider=provider, cwd=workdir, stdin=b"y\n") as live:
+    with Live(CHAPTER, "Read, then run two commands", provider=provider, cwd=workdir, answers="y\n") as live:
         try:
             sleeper = int(wait_for_file(workdir / "pid.txt"))  # the batch's first command has run
             live.kill()

@@ -222,8 +222,8 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
     # Mid-tool: waiting at the approval prompt.
     with FakeProvider() as fp:
         fp.script(tool_call("bash", {"command": "sleep 0 && echo 等待"}, call_id="call_c2"))
-        with Live("final", *chain.args("run it"), provider=fp, cwd=workdir) as live:
-            live.wait_stderr("allow? (y/N)")
+        with Live("final", *chain.args("run it"), provider=fp, cwd=workdir, answers="", hang_up=False) as live:
+            live.terminal.wait_for("allow? (y/N)")
             live.signal(signal.SIGINT)
             code, out, err = live.finish(timeout=30)
         requests = fp.chat_requests
@@ -234,7 +234,7 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
     sleeper = None
     with FakeProvider() as fp:
         fp.script(tool_call("bash", {"command": "echo $$ > pid.txt && exec sleep 30"}, call_id="call_c3"))
-        with Live("final", *chain.args("run the long one"), provider=fp, cwd=workdir, stdin=b"y\n") as live:
+        with Live("final", *chain.args("run the long one"), provider=fp, cwd=workdir, answers="y\n") as live:
             try:
                 sleeper = int(wait_for_file(workdir / "pid.txt", timeout=30))
                 live.signal(signal.SIGINT)
