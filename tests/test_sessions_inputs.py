@@ -570,7 +570,8 @@ def test_broken_tool_sequences_are_repaired_in_memory(provider: FakeProvider, wo
 def test_every_short_history_becomes_a_valid_request(loaded) -> None:
     """Exhaustive over every history of up to 5 messages from an alphabet of normal and broken pieces:
     the request always passes DeepSeek's checks (thinking mode too), keeps every non-tool message in
-    order, keeps each first real answer to a pending call, and invents a result only for unanswered calls."""
+    order, keeps each first real answer to a pending call, and invents a result only for unanswered calls.
+    A call id used twice in the request is renamed, its results with it: every id is unique."""
     thought = {"reasoning_content": "thinking..."}
     alphabet = [
         {"role": "user", "content": "u"},
@@ -582,36 +583,60 @@ def test_every_short_history_becomes_a_valid_request(loaded) -> None:
         result_of("b"),
         result_of("zzz"),
     ]
-    checked = 0
+
+    def stripped(message: dict) -> dict:
+        if message["role"] != "assistant":
+            return message
+        out = dict(message)
+        if not out.get("tool_calls"):
+            out.pop("tool_calls", None)
+            out.pop("reasoning_content", None)
+        return out
+
+    checked = renamed = 0
     for length in range(6):
         for combination in itertools.product(alphabet, repeat=length):
             history = [SYSTEM, *(dict(m) for m in combination)]
             sent = loaded.sendable(history)
             problem = sequence_error(sent, thinking=True)
             assert problem is None, (problem, history, sent)
+            ids = [c["id"] for m in sent for c in m.get("tool_calls") or []]
+            assert len(set(ids)) == len(ids) and all(isinstance(i, str) and i for i in ids), (history, sent)
 
-            # The reference: which tool messages answer a call still pending, how many calls go unanswered.
-            kept_tools, unanswered, pending = [], 0, []
+            # The reference, walking the history and the request's non-tool messages side by side:
+            # each call keeps its id unless an earlier call in the request has it (then the request
+            # gives it a fresh one); which tool messages answer a call still pending, under the id
+            # sent; how many calls go unanswered.
+            others = iter(m for m in sent if m["role"] != "tool")
+            used: set[str] = set()
+            kept_tools, unanswered, pending = [], 0, []  # pending: (stored id, sent id)
             for message in history:
                 if message["role"] == "tool":
-                    if message["tool_call_id"] in pending:
-                        pending.remove(message["tool_call_id"])
-                        kept_tools.append(message)
+                    match = next((p for p in pending if p[0] == message["tool_call_id"]), None)
+                    if match:
+                        pending.remove(match)
+                        kept_tools.append({**message, "tool_call_id": match[1]})
                     continue
                 unanswered += len(pending)
-                pending = [c["id"] for c in message.get("tool_calls") or []]
+                pending = []
+                out = next(others)
+                stored_calls = message.get("tool_calls") or []
+                sent_calls = out.get("tool_calls") or []
+                assert len(sent_calls) == len(stored_calls), (history, sent)
+                for stored_call, sent_call in zip(stored_calls, sent_calls, strict=True):
+                    if stored_call["id"] in used:
+                        assert sent_call["id"] not in used, (history, sent)
+                        renamed += 1
+                    else:
+                        assert sent_call["id"] == stored_call["id"], (history, sent)
+                    assert sent_call == {**stored_call, "id": sent_call["id"]}, (history, sent)
+                    used.add(sent_call["id"])
+                    pending.append((stored_call["id"], sent_call["id"]))
+                with_sent_ids = {**message, "tool_calls": sent_calls} if stored_calls else message
+                assert out == stripped(with_sent_ids), (history, sent)
             unanswered += len(pending)
+            assert next(others, None) is None, (history, sent)
 
-            def stripped(message: dict) -> dict:
-                if message["role"] != "assistant":
-                    return message
-                out = dict(message)
-                if not out.get("tool_calls"):
-                    out.pop("tool_calls", None)
-                    out.pop("reasoning_content", None)
-                return out
-
-            assert [m for m in sent if m["role"] != "tool"] == [stripped(m) for m in history if m["role"] != "tool"]
             real = [m for m in sent if m["role"] == "tool" and m in kept_tools]
             made_up = [m for m in sent if m["role"] == "tool" and m not in kept_tools]
             assert real == kept_tools, (history, sent)
@@ -620,6 +645,7 @@ def test_every_short_history_becomes_a_valid_request(loaded) -> None:
             assert history == [SYSTEM, *combination]  # the repair does not touch the loaded history
             checked += 1
     assert checked == sum(len(alphabet) ** n for n in range(6))
+    assert renamed > 0  # histories that call "a" twice are among them
 
 
 def test_parse_keeps_valid_records_around_every_kind_of_damage(loaded) -> None:
@@ -645,10 +671,9 @@ def test_parse_keeps_valid_records_around_every_kind_of_damage(loaded) -> None:
             lines.insert(position, bad + b"\n")
             data = header_line() + b"".join(lines)
             for variant in (data, crlf(data)):
-                parsed, damaged, complete = loaded.parse_session(variant)
+                parsed, damaged = loaded.parse_session(variant)
                 assert parsed == messages, (bad, position)
                 assert damaged == [position + 2], (bad, position, damaged)
-                assert complete == len(variant)
 
 
 AUDIT: list[tuple[str, tuple]] | None = None  # filesystem events while a check is running
