@@ -21,9 +21,12 @@ from helpers import (
     call,
     chapter_output,
     conversation,
+    disk_messages,
     free_port,
     has_summary,
     round_lines,
+    since,
+    stderr_lines,
     summary,
     tool_messages,
 )
@@ -177,6 +180,59 @@ def test_text_before_tool_calls_is_shown_and_kept(provider: FakeProvider, workdi
         "tool_calls": [call("call_1", "read_file", '{"path": "notes.txt"}')],
     }
     assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "hi there"}
+
+
+CUT_OFF = (
+    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
+    "make the call again with shorter arguments"
+)
+
+
+@pytest.mark.parametrize("chapter", [CHAPTER, 11, "final"])
+def test_a_reply_cut_off_by_max_tokens_runs_none_of_its_calls(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    """finish_reason "length": max_tokens struck while the model was still writing, so the last
+    call's arguments are half-written JSON. No call of that reply runs, not even a whole one; each
+    gets a result that says why, and goes back with "{}" as its arguments: a strict server refuses
+    half-written JSON, and a session (chapter 11 on) never stores it."""
+    (workdir / "notes.txt").write_text("buy milk\n", encoding="utf-8")
+    half = '{"path": "notes.txt", "why": "the user wants to kn'
+    result = run(
+        chapter,
+        provider,
+        workdir,
+        tool_calls(
+            [("read_file", {"path": "notes.txt"}), ("read_file", half)],
+            ids=["call_whole", "call_half"],
+            finish="length",
+        ),
+        text("I will ask for less."),
+    )
+    assert_ok(result, stdout="I will ask for less.\n")
+    assert round_lines(result.stderr) == []  # nothing ran
+    warning = "warning: the reply was cut off by max_tokens; its tool calls were not run"
+    assert [line for line in stderr_lines(result.stderr) if line.startswith("warning:")] == [warning]
+    found = summary(chapter, result.stderr)
+    assert (found.rounds, found.finish) == ("2", "stop")
+
+    requests = provider.chat_requests
+    assert len(requests) == 2
+    cut_turn = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [call("call_whole", "read_file", "{}"), call("call_half", "read_file", "{}")],
+        },
+        {"role": "tool", "tool_call_id": "call_whole", "content": CUT_OFF},
+        {"role": "tool", "tool_call_id": "call_half", "content": CUT_OFF},
+    ]
+    assert conversation(chapter, requests[1]["messages"])[1:] == cut_turn
+    if since(chapter, 11):
+        [path] = (workdir / ".sessions").glob("*.jsonl")
+        stored = disk_messages(path)
+        assert stored[2:5] == cut_turn
+        assert b"the user wants to kn" not in path.read_bytes()  # no half-written JSON on disk
 
 
 # ---------------------------------------------------------------- tool errors go back to the model
