@@ -8,8 +8,10 @@ what the user sees.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -284,3 +286,48 @@ def test_lone_surrogate_in_content_is_an_error_not_a_crash(
     run(chapter, provider, workdir, tool_call("write_file", raw, call_id="sur"), text("Done."))
     assert is_error(results(provider)["sur"])
     assert project_files(chapter, workdir) == []
+
+
+# ---------------------------------------------------------------- a symlink loop
+
+LOOP_WRITE_BUG = pytest.mark.xfail(
+    sys.version_info >= (3, 13),
+    strict=True,
+    reason="agent.py bug on Python 3.13+, where Path.resolve() no longer raises on a loop: write_file to a "
+    "symlink loop reports success and replaces the link with a regular file (a plain write fails with ELOOP)",
+)
+
+
+def test_a_symlink_loop_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
+    """`ln -s loop loop`: a file tool on it, or on a path through it, gets an error result
+    (before Python 3.13, Path.resolve() raises RuntimeError on a loop), the run goes on, and the
+    link is left as it was."""
+    os.symlink("loop", workdir / "loop")
+    (workdir / "ok.txt").write_text("fine\n", encoding="utf-8")
+    cases = {
+        "read": ("read_file", {"path": "loop"}),
+        "read_through": ("read_file", {"path": "loop/x.txt"}),
+        "edit": ("edit_file", {"path": "loop", "old_string": "a", "new_string": "b"}),
+        "write_through": ("write_file", {"path": "loop/x.txt", "content": "x\n"}),
+        "after": ("read_file", {"path": "ok.txt"}),
+    }
+    run(chapter, provider, workdir, calls(*[(key, name, args) for key, (name, args) in cases.items()]), text("Done."))
+    got = results(provider)
+    for key in cases.keys() - {"after"}:
+        assert is_error(got[key]) and "loop" in got[key], (key, got[key])
+    assert got["after"] == "fine\n"
+    assert os.readlink(workdir / "loop") == "loop"
+    assert project_files(chapter, workdir) == ["loop", "ok.txt"]
+
+
+def test_writing_to_a_symlink_loop_is_an_error(
+    provider: FakeProvider, workdir: Path, chapter: int | str, request: pytest.FixtureRequest
+) -> None:
+    if chapter == "final":
+        request.applymarker(LOOP_WRITE_BUG)
+    os.symlink("loop", workdir / "loop")
+    run(chapter, provider, workdir, calls(("write", "write_file", {"path": "loop", "content": "x\n"})), text("Done."))
+    got = results(provider)
+    assert is_error(got["write"]) and "loop" in got["write"], got["write"]
+    assert os.readlink(workdir / "loop") == "loop"
+    assert project_files(chapter, workdir) == ["loop"]
