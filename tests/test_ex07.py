@@ -161,6 +161,25 @@ def test_bash_walks_past_read_before_write(provider: FakeProvider, workdir: Path
     assert target.read_bytes() == b"old\nx\n"
 
 
+def test_a_path_key_on_bash_does_not_count_as_reading_the_file(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    """Chapter 6's read-before-write takes the path of a file tool only. bash is the first tool
+    without one: a stray "path" key on a bash call reads nothing, so the file is still unread."""
+    target = workdir / "notes.txt"
+    target.write_bytes(b"precious\n")
+    got = run(
+        chapter,
+        provider,
+        workdir,
+        calls(("b", "bash", {"command": "pwd", "path": "notes.txt"})),
+        calls(("w", "write_file", {"path": "notes.txt", "content": "overwritten\n"})),
+    )
+    assert got["b"] == os.path.realpath(workdir) + "\n"  # the call itself ran
+    assert got["w"].startswith("error: ") and "read it first" in got["w"], got["w"]
+    assert target.read_bytes() == b"precious\n"
+
+
 # ---------------------------------------------------------------- the timeout argument
 
 
