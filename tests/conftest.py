@@ -2,10 +2,11 @@
 
 Every run is hermetic: a temporary working directory, a minimal environment
 (no real keys, no .env from the repo, no proxy), the fake provider's URL, and
-umask 022, so modes such as 0600 must come from the program itself. A program
-runs in a session of its own with no controlling terminal, so a permission
-question is refused and can never reach the terminal pytest runs in; a test
-that answers questions gives it a pseudo-terminal (`Terminal`) instead.
+umask 022 unless a test says otherwise, so modes such as 0600 must come from
+the program itself. A program runs in a session of its own with no
+controlling terminal, so a permission question is refused and can never reach
+the terminal pytest runs in; a test that answers questions gives it a
+pseudo-terminal (`Terminal`) instead.
 
 Plain helpers (tool-call builders, output views, session files, a live run
 you can watch) are in helpers.py.
@@ -149,6 +150,7 @@ def run_agent(
     answers: str | None = None,
     timeout: float = 120,
     python: str = sys.executable,
+    umask: int = 0o022,
     options: dict | None = None,
     **env: str | None,
 ) -> subprocess.CompletedProcess:
@@ -168,7 +170,7 @@ def run_agent(
             encoding="utf-8",
             errors="replace",
             timeout=timeout,
-            umask=0o022,
+            umask=umask,
             start_new_session=terminal is None,  # no controlling terminal: no question can be answered
             **(options or {}),
         )
