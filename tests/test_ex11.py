@@ -6,6 +6,9 @@ what is new, in one write plus fsync; a new file is created exclusively and
 privately; a tool call is saved together with all its results; a torn last line
 is cut off on disk and a damaged one is reported and kept; only exact IDs reach
 the filesystem; -c resends the history; -list counts each session's messages.
+The chapter's fixes for hostile files (a whole last record without its
+newline, a line nested too deep to parse, -list beside a FIFO or a dangling
+link) also run against agent.py, which must keep them.
 
 The program runs as a subprocess against the fake provider. Two checks need
 instruments a subprocess cannot offer (write() calls per save, the flags of the
@@ -20,6 +23,7 @@ import os
 import re
 import signal
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -53,6 +57,7 @@ from helpers import (
 )
 
 CHAPTER = 11
+both = pytest.mark.parametrize("chapter", [CHAPTER, "final"])  # the chapter's fixes, kept by agent.py
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER = {"role": "user", "content": "My name is Xiaoming; remember it"}
 ANSWER = {"role": "assistant", "content": "Hello, Xiaoming! 你好"}
@@ -73,9 +78,9 @@ def new_session(provider: FakeProvider, workdir: Path, task: str, *replies: Repl
     return workdir / ".sessions" / f"{session_id}.jsonl"
 
 
-def resume(provider: FakeProvider, workdir: Path, session_id: str, task: str, *replies: Reply):
+def resume(provider: FakeProvider, workdir: Path, session_id: str, task: str, *replies: Reply, chapter=CHAPTER):
     provider.script(*replies)
-    result = run_agent(CHAPTER, "-c", session_id, task, provider=provider, cwd=workdir)
+    result = run_agent(chapter, "-c", session_id, task, provider=provider, cwd=workdir)
     assert_ok(result)
     assert result.stderr.splitlines()[-1] == hint(session_id), result.stderr
     return result
@@ -262,6 +267,48 @@ def test_a_damaged_line_is_reported_by_number_and_kept(provider: FakeProvider, w
     ]
 
 
+@both
+def test_a_last_record_without_its_newline_is_kept(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
+    """A whole last record whose newline is missing (a hand edit, an editor that strips it) is not
+    a torn write: it is kept, and its newline added before anything is appended after it."""
+    data = session_bytes(SYSTEM, USER, ANSWER)[:-1]
+    path = put_session(workdir, data)
+    result = resume(provider, workdir, SESSION_ID, "What is my name?", text("Xiaoming."), chapter=chapter)
+    assert warnings(result.stderr) == []
+    assert resumed(result.stderr) == (SESSION_ID, 3)
+    question = {"role": "user", "content": "What is my name?"}
+    assert provider.chat_requests[0]["messages"] == [SYSTEM, USER, ANSWER, question]
+    assert appended(data + b"\n", path.read_bytes()) == [
+        {"type": "message", "message": question},
+        {"type": "message", "message": {"role": "assistant", "content": "Xiaoming."}},
+    ]
+
+
+@both
+def test_a_deeply_nested_line_is_damaged_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
+    """JSON nested deeper than the parser's recursion limit raises RecursionError, not ValueError:
+    such a line, bare or shaped like a record, is one more damaged line, reported and kept."""
+    depth = 50_000
+    bare = b"[" * depth + b"]" * depth
+    shaped = b'{"type": "message", "message": {"role": "user", "content": ' + bare + b"}}"
+    lines = session_bytes(SYSTEM, USER, ANSWER).split(b"\n")
+    lines.insert(3, bare)  # line 4
+    lines.insert(5, shaped)  # line 6
+    data = b"\n".join(lines)
+    path = put_session(workdir, data)
+    result = resume(provider, workdir, SESSION_ID, "What is my name?", text("Xiaoming."), chapter=chapter)
+    assert warnings(result.stderr) == [
+        f"warning: skipped damaged line(s) 4, 6 of {SESSION_ID}.jsonl; they stay in the file"
+    ]
+    assert resumed(result.stderr) == (SESSION_ID, 3)
+    question = {"role": "user", "content": "What is my name?"}
+    assert provider.chat_requests[0]["messages"] == [SYSTEM, USER, ANSWER, question]
+    assert appended(data, path.read_bytes()) == [
+        {"type": "message", "message": question},
+        {"type": "message", "message": {"role": "assistant", "content": "Xiaoming."}},
+    ]
+
+
 # ---------------------------------------------------------------- only exact IDs
 
 
@@ -338,3 +385,32 @@ def test_list_prints_each_session_with_its_message_count(provider: FakeProvider,
     assert_ok(result)
     assert result.stdout == f"{book_id}  2 messages\n{real.stem}  3 messages\n{damaged}  4 messages\n"
     assert snapshot(workdir) == before
+
+
+@both
+@pytest.mark.parametrize("odd", ["FIFO", "dangling link"])
+def test_list_skips_what_is_named_like_a_session_but_is_no_file(
+    provider: FakeProvider, workdir: Path, chapter: int | str, odd: str
+) -> None:
+    """Reading a FIFO waits for a writer that never comes, and a dangling link cannot be read:
+    -list lists the regular files and finishes. Only the program opens the FIFO, and the run is
+    killed if it has not finished in 30 s."""
+    provider.script(text("hi"))
+    result = run_agent(chapter, "hello", provider=provider, cwd=workdir)
+    assert_ok(result)
+    real = new_session_id(result.stderr)
+    for name in ("20200101-000000-0000ffff", "29991231-235959-ffff0000"):  # before and after the real one
+        if odd == "FIFO":
+            os.mkfifo(workdir / ".sessions" / f"{name}.jsonl")
+        else:
+            os.symlink("gone.jsonl", workdir / ".sessions" / f"{name}.jsonl")
+    try:
+        result = run_agent(chapter, "-list", provider=None, cwd=workdir, timeout=30, OPENAI_API_KEY=None, MODEL=None)
+    except subprocess.TimeoutExpired:
+        pytest.fail("-list never finished: it is waiting on the FIFO")
+    assert_ok(result)
+    assert result.stderr == ""
+    if chapter == CHAPTER:
+        assert result.stdout == f"{real}  3 messages\n"
+    else:
+        assert [line.split()[0] for line in result.stdout.splitlines()] == [real], result.stdout
