@@ -21,6 +21,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -141,6 +142,23 @@ def test_a_stream_that_only_keeps_alive_ends_after_stream_timeout(provider: Fake
     assert_saved(stored, first_round(workdir))
 
 
+def test_a_server_that_never_answers_ends_after_stream_timeout(workdir: Path) -> None:
+    """It takes the connection and the request, then says nothing, not even a status line: the
+    timer runs from the request on, and its Stalled is no Exception the SDK would catch and retry."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # the kernel completes the connections; nobody accepts or answers them
+        url = f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+        started = time.monotonic()
+        result = run_agent(
+            "final", TASK, provider=None, cwd=workdir, timeout=30, STREAM_TIMEOUT="1", OPENAI_BASE_URL=url
+        )
+        elapsed = time.monotonic() - started
+    session_id = assert_clean_stop(result, f"no data from {url} for 1 s")
+    assert elapsed < 15, elapsed
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e999"])
 def test_a_bad_stream_timeout_is_one_clean_error(provider: FakeProvider, workdir: Path, value: str) -> None:
     provider.script(text("never asked"))
@@ -163,7 +181,6 @@ MALFORMED = {
     "choices is a string": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": "oops"}), END],
     "tool_calls is a string": [chunk({"tool_calls": "x"}), chunk({}, "tool_calls"), DONE],
     "index is a word": [piece(index="first"), chunk({}, "tool_calls"), DONE],
-    "finish_reason is 5": [TEXT, chunk({}, 5), DONE],
     "an event with no data": [TEXT, b"event: ping\n\n", END],
     "a chunk that is a JSON list": [TEXT, sse([1, 2, 3]), END],
 }
@@ -174,7 +191,6 @@ HARMLESS = {
     "no delta": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0}]}), END],
     "index is the string 0": [piece(index="0"), chunk({}, "tool_calls"), DONE],
     "usage is a string": [TEXT, chunk({}, "stop", usage="lots"), DONE],
-    "a choice that is a number": [TEXT, sse({"id": "c", "object": "chat.completion.chunk", "choices": [5]}), END],
 }
 BUG = pytest.mark.xfail(
     strict=True,
@@ -219,14 +235,12 @@ OSC52 = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\x07"
     [
         (error(400, f"bad request{OSC52}\x1b[2J\x1b[3J\u202edetaeler\r\x9b2K"), r"bad request\x1b]52;c;Y3Vyb"),
         (error(400, "x" * 18_000), "x" * 300 + "… [17,700 more characters]"),
-        (error(429, "\x1b[2J" * 6_000), r"\x1b[2J" * 75),
-        (Reply(content="partial", error_after=2), "stream interrupted by the fake provider"),
         (
             raw(chunk({"content": "partial"}), sse({"error": {"message": f"boom{OSC52}" + "y" * 18_000}})),
             r"boom\x1b]52",
         ),
     ],
-    ids=["escapes", "18 KB", "18 KB of escapes", "error event", "error event with escapes, 18 KB"],
+    ids=["escapes", "18 KB", "an error event with escapes, 18 KB"],
 )
 def test_a_server_error_message_is_escaped_and_shortened(
     provider: FakeProvider, workdir: Path, reply: Reply, needle: str
