@@ -90,11 +90,6 @@ def file_size_limit(limit: int) -> Callable[[], None]:
     return apply
 
 
-def umask(value: int) -> Callable[[], None]:
-    """preexec_fn: this umask instead of conftest's 022 (subprocess sets that one first)."""
-    return lambda: os.umask(value)
-
-
 def drop_dac_override() -> None:
     """preexec_fn: as root, give up the capability to write what permissions forbid (CAP_DAC_OVERRIDE)
     from the bounding set, so the program runs as root but read-only files are read-only to it."""
@@ -155,7 +150,7 @@ def test_writes_keep_modes_follow_links_and_keep_backups_private(provider: FakeP
         ),
         text("Done."),
     )
-    result = run_agent("final", TASK, provider=provider, cwd=workdir, options={"preexec_fn": umask(0o027)})
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, umask=0o027)
     assert_ok(result, stdout="Done.\n")
     got = results(provider)
     assert all(not value.startswith("error") for value in got.values()), got
@@ -166,9 +161,7 @@ def test_writes_keep_modes_follow_links_and_keep_backups_private(provider: FakeP
     assert (workdir / "sub" / "new.txt").read_text() == "brand new\n" and mode(workdir / "sub" / "new.txt") == 0o640
     assert leftovers(workdir) == []
 
-    restored = run_agent(
-        "final", "-restore", "secret.txt", cwd=workdir, provider=None, options={"preexec_fn": umask(0)}
-    )
+    restored = run_agent("final", "-restore", "secret.txt", cwd=workdir, provider=None, umask=0)
     assert restored.returncode == 0, restored.stderr
     assert (workdir / "secret.txt").read_text() == "old secret\n" and mode(workdir / "secret.txt") == 0o600
     trash = workdir / ".trash"

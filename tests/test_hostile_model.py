@@ -148,10 +148,11 @@ def gate_scene(tmp_path: Path, workdir: Path) -> tuple[list, list, dict[str, str
 def test_the_file_tools_ask_before_writing_where_code_runs_or_going_outside(
     provider: FakeProvider, tmp_path: Path, workdir: Path, person: str
 ) -> None:
-    """write_file and edit_file into .git/ (core.fsmonitor, hooks, also through a symlink), ~/.bashrc,
-    an absolute path, ../ and a symlink that leads out all ask at the terminal, and so does reading outside. A refusal
-    (n, or no terminal at all, even with y piped into stdin) leaves every file as it was and tells
-    the model "permission denied"; a yes does it. .sessions/ and .trash/ are refused without a question."""
+    """write_file and edit_file into .git/ (core.fsmonitor, hooks, also through a symlink), into
+    ~/.bashrc, to an absolute path, through ../ and through a symlink that leads out all ask at the
+    terminal, and so does reading outside. A refusal (n, or no terminal at all, even with y piped
+    into stdin) leaves every file as it was and tells the model "permission denied"; a yes does it.
+    .sessions/ and .trash/ are refused without a question."""
     reads, writes, questions = gate_scene(tmp_path, workdir)
     provider.script(calls(*reads), calls(*writes), text("Done."))
     before = snapshot(tmp_path)
@@ -177,7 +178,7 @@ def test_the_file_tools_ask_before_writing_where_code_runs_or_going_outside(
         asked = [name for name in questions if name != "e_rc"]
     else:
         shown = result.terminal
-        assert_no_control("the terminal", shown.replace("\n", ""))
+        assert_no_control("the terminal", shown)
         # Exactly these questions, in this order: .sessions/ and .trash/ were never put to the person.
         assert shown.count("allow? (y/N)") == len(questions), shown
         positions = [shown.find(f"⚠  the model wants to {question}\nallow? (y/N) ") for question in questions.values()]
