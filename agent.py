@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -30,6 +31,7 @@ import stat
 import subprocess
 import sys
 import time
+import unicodedata
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,17 +39,55 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dotenv import find_dotenv, load_dotenv
+from dotenv import dotenv_values, find_dotenv
 
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
     import openai  # imported where a model is called: it is most of the start-up time
 
 # ---- configuration: environment variables, or a .env file where you run ----
 
-load_dotenv(find_dotenv(usecwd=True))  # real environment variables win over .env
-API_KEY = os.environ.get("OPENAI_API_KEY", "").strip()
-BASE_URL = os.environ.get("OPENAI_BASE_URL", "").strip() or "https://api.openai.com/v1"
-MODEL = os.environ.get("MODEL", "").strip()
+
+def read_regular(path: str | Path) -> bytes:
+    """A regular file's bytes. O_NONBLOCK: opening a FIFO must not wait for a
+    writer; and only a regular file is read, since /dev/zero never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return file.read()
+
+
+def dotenv_settings() -> tuple[dict[str, str], Path | None]:
+    """Our settings from the .env found here or in a parent, and its path. Only our
+    own names are taken and none is exported, so no command inherits them (the
+    chapters' load_dotenv() exports all). A .env that is not yours, or that anyone
+    can write (a /tmp/.env from another user), could choose the server your key is
+    sent to: it is ignored, with a warning."""
+    found = find_dotenv(usecwd=True)
+    if not found:
+        return {}, None
+    try:
+        if (status := os.stat(found)).st_uid != os.getuid() or status.st_mode & stat.S_IWOTH:
+            raise OSError(errno.EPERM, "not yours, or anyone can write it")
+        values = dotenv_values(stream=io.StringIO(read_regular(found).decode()))
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"warning: ignored {found}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
+        return {}, Path(found)
+    return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(found)
+
+
+SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MODEL", "STREAM_TIMEOUT")
+DOTENV, DOTENV_PATH = dotenv_settings()
+
+
+def setting(name: str) -> str:
+    """A setting: the real environment wins over .env."""
+    return (os.environ.get(name) or DOTENV.get(name) or "").strip()
+
+
+API_KEY = setting("OPENAI_API_KEY")
+BASE_URL = setting("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+MODEL = setting("MODEL")
 
 SETUP_GUIDE = """\
 error: OPENAI_API_KEY and MODEL must be set (in the environment or in a .env file).
@@ -58,13 +98,13 @@ For a local Ollama:
 
 
 def seconds_from(variable: str, default: float) -> float | None:
-    """A positive number of seconds from the environment; None if it is not one (main() says so)."""
-    raw = os.environ.get(variable, "").strip()
+    """Seconds from a setting, 1 to 1,000,000 (the alarm clock's range); None if it is not that (main() says so)."""
+    raw = setting(variable)
     try:
         value = float(raw) if raw else default
     except ValueError:
         return None
-    return value if 0 < value < float("inf") else None
+    return value if 1 <= value <= 1_000_000 else None
 
 
 # A stream with no data event for this long is given up. The SDK's own read
@@ -110,7 +150,7 @@ def describe(error: openai.APIError) -> str:
     if isinstance(error, openai.APIConnectionError):
         return f"the connection to {BASE_URL} failed or broke off: is the server up and OPENAI_BASE_URL right?"
     message = error.body.get("message") if isinstance(error.body, dict) else None
-    message = safe(str(message or error.message), 300)  # a server may echo kilobytes (or escapes) back
+    message = safe(redact(str(message or error.message)), 300)  # a server may echo kilobytes, escapes, the key
     if isinstance(error, openai.APIStatusError):
         status = error.status_code
         hint = HINTS.get(status, "the provider failed; try again later" if status >= 500 else "")
@@ -128,9 +168,9 @@ DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
 READ_CAP = 32 * 1024  # bytes of a file one read_file returns: the history carries it into every later request
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
-# The environment commands run in: ours without the key (under any name).
+# The environment commands run in: ours without the key, under any name or inside any value.
 WITHOUT_KEY = {
-    name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY" and not (API_KEY and value == API_KEY)
+    name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY" and not (API_KEY and API_KEY in value)
 }
 
 
@@ -182,18 +222,22 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync the directory. A failure at any step (a full disk) leaves the old
     file as it was; a crash leaves the old or the new file, never half of one."""
     path = Path(os.path.realpath(path))  # through a symlink to its target, as a plain write would go
+    if path.is_symlink():  # realpath stops at a loop: replacing the link would break it silently
+        raise OSError(errno.ELOOP, "Too many levels of symbolic links")
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else None
     if mode is not None and not os.access(path, os.W_OK):  # read-only stays read-only, as with a plain write
         raise PermissionError(errno.EACCES, "Permission denied")
+    if mode is None:  # a new file gets what the umask leaves of 0666, as with a plain write
+        os.umask(umask := os.umask(0o077))
+        mode = 0o666 & ~umask
     temporary = path.with_name(f".agent-{os.urandom(4).hex()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # a new file: the umask applies
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # private until full: nobody reads it early
     try:
         with open(fd, "wb") as file:
-            if mode is not None:
-                os.fchmod(file.fileno(), mode)
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
+            os.fchmod(file.fileno(), mode)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -233,9 +277,9 @@ def read_file(args: dict) -> str:
         if 0 < (cut := data.rfind(b"\n") + 1):
             data, end = data[:cut], offset + cut
         marker = f"\n[... bytes {offset}-{end} of {status.st_size}; read on with read_file offset={end} ...]"
-        return data.decode("utf-8", errors="replace") + marker
+        return redact(data.decode("utf-8", errors="replace")) + marker
     # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
-    return data.decode("utf-8", errors="replace")
+    return redact(data.decode("utf-8", errors="replace"))
 
 
 WRITE_FILE = definition(
@@ -265,7 +309,7 @@ def edit_file(args: dict) -> str:
     if not old:
         return "error: old_string is empty; copy the exact text to replace from the file"
     try:
-        text = Path(path).read_bytes().decode("utf-8")  # strict: never rewrite bytes we could not decode
+        text = read_regular(path).decode("utf-8")  # strict: never rewrite bytes we could not decode
     except UnicodeDecodeError:
         return f"error: {path} is not UTF-8 text; edit_file cannot change it safely"
     count = text.count(old)
@@ -312,9 +356,12 @@ def stays_inside(command: str) -> bool:
     except ValueError:  # unbalanced quotes: not a command to wave through
         return False
     for word in words[1:]:
-        value = word.partition("=")[2] if word.startswith("-") else word  # --file=PATH names a path too
-        if set(value) & set("*?[~") or not inside(Path(os.path.realpath(value or "."))):
+        if set(word) & set("*?[~"):
             return False  # a pattern may match a link that leads out; ~ is the home directory
+        # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
+        for path in (word, word.partition("=")[2]):
+            if not inside(Path(os.path.realpath(path or "."))):
+                return False
     return True
 
 
@@ -323,10 +370,23 @@ def inside(path: Path) -> bool:
     return path == WORKDIR or WORKDIR in path.parents
 
 
+# Printable, yet nothing to see: fillers and a blank Braille pattern.
+BLANK = {"\u115f", "\u1160", "\u3164", "\uffa0", "\u2800"}
+
+
 def visible(text: str) -> str:
-    """text with every control character written as an escape (\\r, \\x1b, \\u202e), so
-    that no carriage return or escape sequence can redraw what the prompt shows."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    """text with every character that could hide or fake part of it written as an
+    escape: control and format characters (\\r, \\x1b, \\u202e), combining marks
+    (\\u034f), blank fillers, spaces other than the plain one. A run of plain spaces
+    that could push the rest off the screen is written as its count."""
+    shown = "".join(
+        c
+        if c == " "
+        or (c.isprintable() and not c.isspace() and c not in BLANK and unicodedata.category(c) not in ("Mn", "Me"))
+        else c.encode("unicode_escape").decode()
+        for c in text
+    )
+    return re.sub(" {4,}", lambda run: f"⟨{len(run.group())} spaces⟩", shown)
 
 
 def approved(command: str, wants: str = "run") -> bool:
@@ -367,7 +427,7 @@ def stop_signals_held():
         for number, handler in previous.items():
             signal.signal(number, handler)
     if held:
-        raise KeyboardInterrupt
+        stop(held[0], None)
 
 
 def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
@@ -418,8 +478,8 @@ def shown(tail: bytes, total: int) -> str:
         start = tail.find(b"\n") + 1  # drop the partial first line
         if 0 < start < len(tail):
             tail = tail[start:]
-        return f"[... first {total - len(tail)} bytes truncated, showing the end ...]\n" + tail.decode(
-            "utf-8", errors="replace"
+        return f"[... first {total - len(tail)} bytes truncated, showing the end ...]\n" + redact(
+            tail.decode("utf-8", errors="replace")
         )
     return tail.decode("utf-8", errors="replace")
 
@@ -452,16 +512,26 @@ TRASH = WORKDIR / ".trash"
 def backup_key(path: Path) -> str:
     """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
     A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
-    # os.path.realpath, not Path.resolve: it never raises on a symlink loop.
-    key = urllib.parse.quote(os.path.relpath(os.path.realpath(path), WORKDIR), safe="")
+    # os.path.realpath, not Path.resolve: it never raises on a symlink loop. The
+    # bytes of the name (os.fsencode), so a name that is not UTF-8 has a key too.
+    key = urllib.parse.quote(os.fsencode(os.path.relpath(os.path.realpath(path), WORKDIR)), safe="")
     return key if len(key) <= 200 else f"{key[:160]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def own_directory(path: Path) -> None:
+    """Make sure path is a directory of the agent's own, created private (0700). A
+    symlink in its place (committed to a repository, say) would send backups or
+    sessions anywhere, ~/.bashrc.d included: it is refused."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    if path.is_symlink():
+        raise OSError(errno.ELOOP, f"{path.name} is a symlink; the agent keeps its records in a directory of its own")
 
 
 def backup(path: Path) -> Path:
     """Copy path's current bytes into .trash/ under a name no other backup has; return it.
     A backup holds what the file held, so it is private: 0600 in a 0700 .trash/."""
-    data = path.read_bytes()
-    TRASH.mkdir(mode=0o700, exist_ok=True)
+    data = read_regular(path)
+    own_directory(TRASH)
     # UTC to the microsecond sorts by age; "~" separates it from the key.
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
     for attempt in itertools.count():
@@ -486,7 +556,8 @@ def restore(name: str) -> None:
         raise Failure(f"no backup of {name} in .trash")
     newest = backups[-1]
     try:
-        data = newest.read_bytes()
+        own_directory(TRASH)
+        data = read_regular(newest)
         if target.exists():
             backup(target)  # the version being replaced gets its own second chance
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -538,10 +609,15 @@ class Registry:
             # text it has seen. Paths are compared resolved, so ./a.txt is a.txt.
             # Only a file tool's path counts: a stray "path" key on bash reads nothing.
             path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
-            if tool.changes_files and path.exists() and path not in self.known_files:
-                return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
+            # The gate first: an answer must not tell the model what exists outside.
             if path and (refusal := gate(path, tool.changes_files)):
                 return refusal
+            if tool.changes_files and path.exists() and path not in self.known_files:
+                return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
+            if tool.changes_files and path.exists() and len(API_KEY) >= 8 and API_KEY.encode() in read_regular(path):
+                # The model read it redacted: a rewrite would lose the key, and edit_file's
+                # "found"/"not found" would tell the model the key one guess at a time.
+                return f"error: {args['path']} holds the API key; the file tools do not change it (the user can)"
             result = tool.run(args)
         # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
         except (OSError, ValueError, RuntimeError) as error:
@@ -552,15 +628,20 @@ class Registry:
 
 
 def gate(path: Path, writes: bool) -> str | None:
-    """Where the file tools go without asking: inside the working directory, and
-    for a write not into .git/. None lets the call go on; else the refusal."""
-    parts = path.relative_to(WORKDIR).parts if inside(path) else None
+    """Where the file tools go without asking: inside the working directory, and for
+    a write not where something runs or configures. None lets the call go on; else
+    the refusal. Names are compared case-folded: .GIT is .git on macOS and Windows."""
+    parts = [part.casefold() for part in path.relative_to(WORKDIR).parts] if inside(path) else None
     if parts and parts[0] in (".sessions", ".trash"):
         return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
     if parts is None:
         wants = "write outside the working directory" if writes else "read outside the working directory"
+    elif path.name.casefold() == ".env" or path == DOTENV_PATH:
+        wants = "write .env, which sets up the agent's next run" if writes else "read .env, which holds keys"
     elif writes and ".git" in parts:
         wants = "write inside .git/, where git finds the commands it runs"
+    elif writes and path.is_file() and path.stat().st_mode & 0o111:
+        wants = "overwrite an executable file (a git hook, a script)"
     else:
         return None
     return None if approved(str(path), wants) else "error: permission denied — the user did not approve this"
@@ -568,8 +649,24 @@ def gate(path: Path, writes: bool) -> str | None:
 
 def redact(text: str) -> str:
     """The API key's value never reaches the history, and so never a session file or
-    the model, whatever a tool returns (read_file .env, cat /proc/self/environ)."""
-    return text.replace(API_KEY, "[OPENAI_API_KEY removed]") if len(API_KEY) >= 8 else text
+    the model, whatever a tool returns (cat /proc/self/environ, a .env). A tool that
+    returns a cut (bash's tail, a read at an offset) may cut through the key: a
+    piece of it at either end of the text goes too. (Five characters can be chance.)"""
+    if len(API_KEY) < 8:
+        return text  # not a secret: Ollama takes any key
+    text = text.replace(API_KEY, KEY_GONE)
+    for size in range(len(API_KEY) - 1, 5, -1):
+        if text.startswith(API_KEY[-size:]):
+            text = KEY_GONE + text[size:]
+            break
+    for size in range(len(API_KEY) - 1, 5, -1):
+        if text.endswith(API_KEY[:size]):
+            text = text[:-size] + KEY_GONE
+            break
+    return text
+
+
+KEY_GONE = "[OPENAI_API_KEY removed]"
 
 
 registry = Registry()
@@ -640,7 +737,7 @@ def create_session(history: list[dict]) -> Session:
     """A new session: its file created exclusively (never someone else's) and private (0600),
     its header on disk and its directory synced before anyone sees the ID."""
     try:
-        SESSIONS.mkdir(mode=0o700, exist_ok=True)
+        own_directory(SESSIONS)
         session_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.urandom(4).hex()}"
         path = SESSIONS / f"{session_id}.jsonl"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
@@ -712,8 +809,8 @@ def find_session(wanted: str) -> str:
         if not sessions:
             raise Failure(f"there is no session in {SESSIONS.name}/ to continue yet")
         # An empty file is a session whose creation was cut short: never "active".
-        started = [session_id for session_id in sessions if sessions[session_id].stat().st_size]
-        return max(started or sessions, key=lambda session_id: sessions[session_id].stat().st_mtime)
+        started = [session_id for session_id, path in sessions.items() if modified_at(path) and path.stat().st_size]
+        return max(started or sessions, key=lambda session_id: modified_at(sessions[session_id]))
     matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
     if len(matches) > 1:
         raise Failure(f"{wanted} matches {len(matches)} sessions; give more of the ID")
@@ -722,9 +819,19 @@ def find_session(wanted: str) -> str:
     return matches[0]
 
 
+def modified_at(path: Path) -> float:
+    """When path last changed; 0 if it is gone (deleted since the directory was listed)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0
+
+
 def session_files() -> dict[str, Path]:
     """Session ID -> path, for every well-formed name in .sessions."""
     try:
+        if SESSIONS.is_symlink():
+            raise OSError(errno.ELOOP, "it is a symlink; the agent keeps its records only in a directory of its own")
         names = [p for p in SESSIONS.iterdir() if p.suffix == ".jsonl" and SESSION_ID.fullmatch(p.stem)]
         # Regular files only: a dangling symlink cannot be read, and reading a FIFO never ends.
         return {p.stem: p for p in names if stat.S_ISREG(p.lstat().st_mode)}
@@ -757,7 +864,9 @@ def parse_session(data: bytes) -> tuple[list[dict], list[int]]:
 
 def well_formed(message: object) -> bool:
     """A message sendable() can make valid: a known role, and tool calls that name a function."""
-    if not isinstance(message, dict) or message.get("role") not in ROLES:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str) or message["role"] not in ROLES:
+        return False
+    if not isinstance(message.get("content"), (str, list, type(None))):
         return False
     calls = message.get("tool_calls")
     return calls is None or (
@@ -772,7 +881,9 @@ def sendable(history: list[dict]) -> list[dict]:
     - every tool call with an id of its own, a non-empty string no other call in
       the request has (a model may send none, or one id twice), its results
       renamed along with it;
-    - arguments that are JSON (a half-written call is refused by strict servers);
+    - arguments that are JSON (a half-written call is refused by strict servers),
+      and a name OpenAI's pattern allows;
+    - content on every assistant message without tool calls (null is refused);
     - every tool call answered right after its assistant message (a crash or
       an old file can leave one unanswered: the API would refuse every request);
     - no tool message that answers nothing;
@@ -795,6 +906,8 @@ def sendable(history: list[dict]) -> list[dict]:
                 message["tool_calls"] = [sendable_call(call, used, pending) for call in message["tool_calls"]]
             else:
                 message.pop("tool_calls", None)  # an empty list is refused by the API
+                if message.get("content") is None:
+                    message["content"] = ""
         out.append(message)
     return out + interrupted([sent for _, sent in pending])
 
@@ -809,6 +922,8 @@ def sendable_call(call: dict, used: set[str], pending: list[tuple[object, str]])
     function = dict(call["function"])
     if not isinstance(parsed(str(function.get("arguments")).encode()), dict):
         function["arguments"] = "{}"
+    if not isinstance(function.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", function["name"]):
+        function["name"] = "unnamed_tool"  # it was never run: the registry answered "unknown tool"
     return {**call, "id": call_id, "function": function}
 
 
@@ -821,7 +936,7 @@ def interrupted(call_ids: list[str]) -> list[dict]:
 
 def list_sessions() -> None:
     """-list: one line per session, oldest activity first, from a quick scan of its bytes."""
-    sessions = sorted(session_files().values(), key=lambda path: path.stat().st_mtime)
+    sessions = sorted(session_files().values(), key=modified_at)
     if not sessions:
         print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
     for path in sessions:
@@ -838,11 +953,14 @@ USER_ROLE = re.compile(rb'"role": ?"user"')
 
 def summary(path: Path) -> str:
     """One -list line, from a scan of the file's bytes: no record goes through the loader."""
-    modified = datetime.fromtimestamp(path.stat().st_mtime)
+    try:
+        modified = f"{datetime.fromtimestamp(path.stat().st_mtime):%Y-%m-%d %H:%M}"
+    except (OSError, ValueError, OverflowError):  # gone since the listing, or a time no calendar has
+        modified = "?"
     try:
         data = path.read_bytes()
     except OSError as error:
-        return f"{path.stem}  modified {modified:%Y-%m-%d %H:%M}  [unreadable: {error.strerror}]"
+        return f"{path.stem}  modified {modified}  [unreadable: {error.strerror}]"
     body = data[: data.rfind(b"\n") + 1]  # what follows the last newline is a torn tail
     count, damaged = count_messages(body)
     damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
@@ -855,7 +973,7 @@ def summary(path: Path) -> str:
             prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
     prompt = safe(prompt if len(prompt) <= 50 else prompt[:49] + "…")  # the file's text, not ours
     mark = f"  [{', '.join(damage)}]" if damage else ""
-    return f"{path.stem}  created {created}  modified {modified:%Y-%m-%d %H:%M}  {count:>4} messages  {prompt}{mark}"
+    return f"{path.stem}  created {created}  modified {modified}  {count:>4} messages  {prompt}{mark}"
 
 
 def count_messages(body: bytes) -> tuple[int, bool]:
@@ -899,8 +1017,11 @@ def utf8(data: bytes) -> bool:
 
 
 class Stalled(BaseException):
-    """Raised by SIGALRM when a stream has sent no data for STREAM_TIMEOUT seconds.
-    A BaseException, because the SDK catches Exception around a request to retry it."""
+    """Raised by SIGALRM when a stream has made no progress for STREAM_TIMEOUT seconds.
+    A BaseException: some SDK releases catch Exception around a request to retry it."""
+
+
+TURN_CAP = 1_000_000  # characters in one reply: with max_tokens=4096, more is a server gone wrong
 
 
 def field(value: object, name: str, kind: type) -> object:
@@ -914,7 +1035,6 @@ def field(value: object, name: str, kind: type) -> object:
 
 def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
     """Print text as it arrives; return (assistant message, finish_reason, usage)."""
-    import openai
 
     def stalled(signum: int, frame: object) -> None:
         raise Stalled
@@ -922,39 +1042,32 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
     previous_handler = signal.signal(signal.SIGALRM, stalled)
     try:
-        signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every data event below
-        stream = client.chat.completions.create(
-            model=MODEL,
-            max_tokens=4096,
-            # Given messages=history, the SDK walks every message against its
-            # type hints before sending (0.15 to 0.5 ms a message: seconds for a
-            # long session). How this avoids it: the SDK builds the JSON body
-            # from the named arguments, then merges extra_body over its top
-            # level, so this "messages" replaces the empty list (the argument
-            # is required) and goes out as it is. A test fails if an SDK
-            # release stops merging it that way.
-            messages=[],
-            extra_body={"messages": history},
-            tools=registry.definitions(),
-            stream=True,
-            stream_options={"include_usage": True},  # a stream carries usage only if asked
-        )
+        signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every step of progress below
+        try:
+            stream = send(client, history)
+        except UnicodeEncodeError:
+            # A lone surrogate (half an emoji split between two chunks, a byte of
+            # the command line that is not UTF-8) cannot be encoded: send the
+            # history with split pairs joined and lone halves replaced.
+            stream = send(client, whole(history))
         for chunk in stream:
-            signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)
+            if chunk is None or isinstance(chunk, (list, str, int, float)):  # the SDK passes JSON that is no object
+                raise Failure("the server sent a malformed stream (an event that is not a JSON object); try again")
             # DeepSeek puts usage on the finish chunk; OpenAI and Ollama send
             # one more chunk with empty choices. Keep whichever carries it.
-            usage = chunk.usage or usage
+            usage = getattr(chunk, "usage", None) or usage
             # Every field is checked as it is read: the stream is the server's word, not ours.
             if not (choices := field(chunk, "choices", list)):
                 continue
             choice = choices[0]
             delta = field(choice, "delta", object)  # null or missing: nothing new in this chunk
             if content := field(delta, "content", str):
-                print(safe(content), end="", flush=True)
+                show(safe(content))
                 text += content
             # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
-            reasoning += field(delta, "reasoning_content", str) or ""
-            for piece in field(delta, "tool_calls", list) or []:
+            reasoning += (thought := field(delta, "reasoning_content", str) or "")
+            pieces = field(delta, "tool_calls", list) or []
+            for piece in pieces:
                 # A call arrives in fragments: id and name first, then the
                 # arguments in pieces. Join them per index. (Ollama sends
                 # whole calls, and old versions leave out the index.)
@@ -967,32 +1080,88 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
                 if function := field(piece, "function", object):
                     call["function"]["name"] = field(function, "name", str) or call["function"]["name"]
                     call["function"]["arguments"] += field(function, "arguments", str) or ""
-            finish_reason = field(choice, "finish_reason", str) or finish_reason
-    except Stalled:
-        if finish_reason is None:  # a server that never closes after the finish chunk has still answered
-            quiet = f"no data from {BASE_URL} for {STREAM_TIMEOUT:g} s (keep-alive comments do not count)"
-            raise Failure(f"{quiet}; try again, or raise STREAM_TIMEOUT") from None
-    except openai.APIError as error:
-        if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
-            raise Failure(describe(error)) from None
-    except ValueError:  # the SDK's own parse of an SSE line: not JSON, or not UTF-8
-        raise Failure("the server sent a malformed stream (a line that is not JSON or not UTF-8); try again") from None
+            finish_reason = (finished := field(choice, "finish_reason", str)) or finish_reason
+            if content or thought or pieces or finished:
+                # Progress starts the clock again; empty events sent forever do not.
+                signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)
+            if len(text) + len(reasoning) + sum(len(c["function"]["arguments"]) for c in calls.values()) > TURN_CAP:
+                raise Failure(f"the reply passed {TURN_CAP:,} characters, more than any answer can be; try again")
+    except (Stalled, Exception) as error:
+        # Whatever goes wrong after the finish chunk costs nothing of the answer.
+        if finish_reason is None:
+            raise Failure(stream_failure(error)) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
         if text:
-            print(flush=True)  # end the text's line, complete or not
+            show("\n")  # end the text's line, complete or not
     # A stream can simply stop (a proxy, a crash): no finish_reason means
     # the turn is incomplete, and that is a failure, not a success.
     if finish_reason is None:
         raise Failure("the stream ended before the answer was finished; try again")
 
-    message: dict = {"role": "assistant", "content": text or None}
+    # A server can echo the key back: it is kept out of the history like a tool's.
+    message: dict = {"role": "assistant", "content": redact(text) or None}
     if reasoning:
-        message["reasoning_content"] = reasoning
+        message["reasoning_content"] = redact(reasoning)
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]
     return message, finish_reason, usage
+
+
+def send(client: openai.OpenAI, messages: list[dict]) -> object:
+    """Start one streamed request for messages; return the stream."""
+    return client.chat.completions.create(
+        model=MODEL,
+        max_tokens=4096,
+        # Given messages=history, the SDK walks every message against its
+        # type hints before sending (0.15 to 0.5 ms a message: seconds for a
+        # long session). How this avoids it: the SDK builds the JSON body
+        # from the named arguments, then merges extra_body over its top
+        # level, so this "messages" replaces the empty list (the argument
+        # is required) and goes out as it is. A test fails if an SDK
+        # release stops merging it that way.
+        messages=[],
+        extra_body={"messages": messages},
+        tools=registry.definitions(),
+        stream=True,
+        stream_options={"include_usage": True},  # a stream carries usage only if asked
+    )
+
+
+def stream_failure(error: BaseException) -> str:
+    """One line for whatever ended a stream before its finish chunk."""
+    import openai
+
+    if isinstance(error, Stalled):
+        quiet = f"no progress from {BASE_URL} for {STREAM_TIMEOUT:g} s (keep-alives and empty events do not count)"
+        return f"{quiet}; try again, or raise STREAM_TIMEOUT"
+    if isinstance(error, openai.APIError):
+        return describe(error)
+    if isinstance(error, Failure):
+        return str(error)
+    if isinstance(error, (ValueError, RecursionError)):  # the SDK's own parse of an SSE line
+        return "the server sent a malformed stream (a line that is not JSON, not UTF-8, or nested too deep); try again"
+    return f"the stream failed ({type(error).__name__}: {safe(str(error), 200)}); try again"
+
+
+def whole(messages: list[dict]) -> list[dict]:
+    """messages with every split surrogate pair joined and every lone half replaced
+    by U+FFFD. How: the JSON text, lone halves and all, goes to UTF-16 with
+    "surrogatepass", which pairs adjacent halves, and back with "replace"."""
+    text = json.dumps(messages, ensure_ascii=False).encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return json.loads(text)
+
+
+def show(text: str) -> None:
+    """Print the model's text as it arrives. stdout may be a pipe that closed
+    (`| head`) or a full disk: the answer is still kept and saved, and what is
+    left of it goes to /dev/null instead of ending the run with a traceback."""
+    try:
+        print(text, end="", flush=True)
+    except OSError as error:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"warning: stdout failed ({error.strerror or error}); the answer is kept in the session", file=sys.stderr)
 
 
 def cached_tokens(usage: object) -> int:
@@ -1040,7 +1209,9 @@ def main(args: list[str]) -> int:
             print(SETUP_GUIDE, file=sys.stderr)
             return 1
         if STREAM_TIMEOUT is None:
-            raise Failure(f"STREAM_TIMEOUT must be a number of seconds above 0, not {os.environ['STREAM_TIMEOUT']!r}")
+            raise Failure(
+                f"STREAM_TIMEOUT must be a number of seconds from 1 to 1000000, not {setting('STREAM_TIMEOUT')!r}"
+            )
 
         if resume_id is not None:
             session = open_session(resume_id)
@@ -1102,11 +1273,19 @@ def run(session: Session) -> int:
     return 1
 
 
+def stop(number: int, frame: object) -> None:
+    """Ctrl-C, a kill, a closed terminal: stop as Ctrl-C does, so the finally in
+    run_command() kills a running command's group. Once: a second signal must not
+    cut that cleanup short, so every stop signal is ignored from here on."""
+    for each in STOP_SIGNALS:
+        signal.signal(each, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
     for stream in (sys.stdout, sys.stderr):  # a character the terminal's encoding lacks becomes "?", not a crash
-        stream.reconfigure(errors="replace")
-    # A kill or a closed terminal stops the agent as Ctrl-C does, so the
-    # finally in run_command() kills a running command's process group.
-    for number in STOP_SIGNALS[1:]:
-        signal.signal(number, signal.default_int_handler)
+        if stream is not None:  # None: started with the descriptor closed (>&-)
+            stream.reconfigure(errors="replace")
+    for number in STOP_SIGNALS:
+        signal.signal(number, stop)
     sys.exit(main(sys.argv[1:]))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -290,13 +289,6 @@ def test_lone_surrogate_in_content_is_an_error_not_a_crash(
 
 # ---------------------------------------------------------------- a symlink loop
 
-LOOP_WRITE_BUG = pytest.mark.xfail(
-    sys.version_info >= (3, 13),
-    strict=True,
-    reason="agent.py bug on Python 3.13+, where Path.resolve() no longer raises on a loop: write_file to a "
-    "symlink loop reports success and replaces the link with a regular file (a plain write fails with ELOOP)",
-)
-
 
 def test_a_symlink_loop_is_an_error_not_a_crash(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     """`ln -s loop loop`: a file tool on it, or on a path through it, gets an error result
@@ -323,8 +315,6 @@ def test_a_symlink_loop_is_an_error_not_a_crash(provider: FakeProvider, workdir:
 def test_writing_to_a_symlink_loop_is_an_error(
     provider: FakeProvider, workdir: Path, chapter: int | str, request: pytest.FixtureRequest
 ) -> None:
-    if chapter == "final":
-        request.applymarker(LOOP_WRITE_BUG)
     os.symlink("loop", workdir / "loop")
     run(chapter, provider, workdir, calls(("write", "write_file", {"path": "loop", "content": "x\n"})), text("Done."))
     got = results(provider)

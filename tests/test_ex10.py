@@ -324,20 +324,11 @@ def test_restore_from_an_unreadable_backup_changes_nothing(
     assert [path.name for path in (workdir / ".trash").iterdir()] == [backup.name]
 
 
-RESTORE_LOOP_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="agent.py bug: -restore onto a symlink loop reports success and replaces the link with a regular "
-    "file (target.exists() is False for a loop, and write_atomic renames over the link)",
-)
-
-
 def test_restore_onto_a_symlink_loop_is_a_clean_error(
     workdir: Path, chapter: int | str, request: pytest.FixtureRequest
 ) -> None:
     """`ln -s loop loop`, and a backup of `loop` in .trash: -restore loop fails in one line (before
     Python 3.13 finding the backup's key raised RuntimeError), and changes nothing."""
-    if chapter == "final":
-        request.applymarker(RESTORE_LOOP_BUG)
     os.symlink("loop", workdir / "loop")
     (workdir / ".trash").mkdir()
     (workdir / ".trash" / "loop~20260801-010203-000000").write_bytes(b"saved\n")

@@ -173,9 +173,10 @@ def test_the_file_tools_ask_before_writing_where_code_runs_or_going_outside(
 
     if person == "no terminal":
         assert result.terminal == ""
-        assert result.stderr.count("(no answer from a terminal: refused)") == len(questions) - 1  # e_rc: not read
-        assert got["e_rc"].startswith("error:") and "has not been read" in got["e_rc"]
-        asked = [name for name in questions if name != "e_rc"]
+        # The gate comes before read-before-write: the unread ~/.bashrc is asked about too,
+        # so the answer cannot tell the model whether a file outside exists.
+        assert result.stderr.count("(no answer from a terminal: refused)") == len(questions)
+        asked = list(questions)
     else:
         shown = result.terminal
         assert_no_control("the terminal", shown)
@@ -386,7 +387,7 @@ def test_the_api_key_never_reaches_the_history_the_model_or_a_command(provider: 
         ),
         text("Done."),
     )
-    asked = len(commands) + 1  # /proc is outside; .env and cat .env are not
+    asked = len(commands) + 2  # /proc is outside, and read_file .env asks: it holds keys; cat .env does not
     result = run_agent("final", TASK, provider=provider, cwd=workdir, answers="y\n" * asked, ANOTHER_NAME=TEST_KEY)
     assert_ok(result, stdout="Done.\n")
     assert result.terminal.count("allow? (y/N)") == asked
@@ -410,11 +411,6 @@ def test_the_api_key_never_reaches_the_history_the_model_or_a_command(provider: 
     assert b"[OPENAI_API_KEY removed]" in session
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: .env is inside the working directory, so edit_file changes it without a question, and the "
-    "next run reads OPENAI_BASE_URL from it: an injected prompt sends the key to its own server",
-)
 def test_a_model_cannot_send_the_key_elsewhere_by_editing_env(workdir: Path) -> None:
     """The set-up the README recommends (the key and the endpoint in .env), nobody at a terminal:
     a model rewrites OPENAI_BASE_URL; the next run must not take the key to that server."""
@@ -649,12 +645,6 @@ def test_a_stop_signal_mid_tool_kills_children_that_ignore_it_and_let_go_of_the_
 # ---------------------------------------------------------------- a task that is not UTF-8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug, being fixed: a task argument with a byte that is not UTF-8 crashes the SDK with "
-    "UnicodeEncodeError while it encodes the request (the lone surrogate from the command line), and "
-    "stream_turn's `except ValueError` reports it as 'the server sent a malformed stream'",
-)
 def test_a_task_argument_that_is_not_utf8(provider: FakeProvider, workdir: Path) -> None:
     """python agent.py $'caf\\xe9': the task still reaches the model, no traceback, a session that loads."""
     provider.script(text("Done."))

@@ -135,7 +135,7 @@ def test_a_stream_that_only_keeps_alive_ends_after_stream_timeout(provider: Fake
     started = time.monotonic()
     result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30, STREAM_TIMEOUT="1")
     elapsed = time.monotonic() - started
-    session_id = assert_clean_stop(result, "no data from", "for 1 s", "keep-alive comments do not count")
+    session_id = assert_clean_stop(result, "no progress from", "for 1 s", "keep-alives and empty events do not count")
     assert result.stdout == "half an \n"
     assert elapsed < 15, elapsed
     stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
@@ -154,7 +154,7 @@ def test_a_server_that_never_answers_ends_after_stream_timeout(workdir: Path) ->
             "final", TASK, provider=None, cwd=workdir, timeout=30, STREAM_TIMEOUT="1", OPENAI_BASE_URL=url
         )
         elapsed = time.monotonic() - started
-    session_id = assert_clean_stop(result, f"no data from {url} for 1 s")
+    session_id = assert_clean_stop(result, f"no progress from {url} for 1 s")
     assert elapsed < 15, elapsed
     assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
 
@@ -192,15 +192,9 @@ HARMLESS = {
     "index is the string 0": [piece(index="0"), chunk({}, "tool_calls"), DONE],
     "usage is a string": [TEXT, chunk({}, "stop", usage="lots"), DONE],
 }
-BUG = pytest.mark.xfail(
-    strict=True,
-    reason="bug: a data line whose JSON is not an object (a list, a string, null) reaches `chunk.usage` "
-    "unchecked: AttributeError, a traceback, and on Python 3.13 a segfault at exit",
-)
-MARKS = {"a chunk that is a JSON list": BUG}
 
 
-@pytest.mark.parametrize("case", [pytest.param(case, marks=MARKS.get(case, ())) for case in [*MALFORMED, *HARMLESS]])
+@pytest.mark.parametrize("case", [*MALFORMED, *HARMLESS])
 def test_a_malformed_chunk_ends_the_turn_cleanly_and_the_session_resumes(
     provider: FakeProvider, workdir: Path, case: str
 ) -> None:
@@ -275,11 +269,6 @@ def test_token_counts_that_are_not_numbers_never_reach_the_terminal(provider: Fa
     assert "[2 rounds · last round input ? tokens (0 cached) · finish_reason=stop]" in result.stderr.splitlines()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: README says the key is never printed, but a server (or a proxy) that echoes the key in "
-    "an error message gets it printed on stderr: describe() escapes and shortens the message, never redacts it",
-)
 def test_a_server_that_echoes_the_key_does_not_get_it_printed(provider: FakeProvider, workdir: Path) -> None:
     provider.script(error(401, f"Incorrect API key provided: {TEST_KEY}. Find your key at ..."))
     result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)

@@ -331,8 +331,9 @@ TRASH = WORKDIR / ".trash"
 def backup_key(path: Path) -> str:
     """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
     A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
-    # os.path.realpath, not Path.resolve: it never raises on a symlink loop.
-    key = urllib.parse.quote(os.path.relpath(os.path.realpath(path), WORKDIR), safe="")
+    # os.path.realpath, not Path.resolve: it never raises on a symlink loop. The
+    # bytes of the name (os.fsencode), so a name that is not UTF-8 has a key too.
+    key = urllib.parse.quote(os.fsencode(os.path.relpath(os.path.realpath(path), WORKDIR)), safe="")
     return key if len(key) <= 200 else f"{key[:160]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
