@@ -395,7 +395,8 @@ def approved(command: str, wants: str = "run") -> bool:
     never approves, and with no terminal nobody is there to say yes."""
     try:
         with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
-            terminal.write(f"\n⚠  the model wants to {wants}: {visible(command)}\nallow? (y/N) ".encode())
+            # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+            terminal.write(f"\x1b[0m\n⚠  the model wants to {wants}: {visible(command)}\nallow? (y/N) ".encode())
             answer = terminal.readline().decode(errors="replace")
     except OSError:  # no controlling terminal
         answer = ""

@@ -123,7 +123,9 @@ class Terminal:
 
     @property
     def text(self) -> str:
-        return self.shown.decode(errors="replace").replace("\r\n", "\n")
+        """What the terminal showed, lines ended by \\n. Without the attribute reset (\\x1b[0m)
+        the programs write before each question: every other escape is the test's to find."""
+        return self.shown.decode(errors="replace").replace("\r\n", "\n").replace("\x1b[0m", "")
 
     def argv(self, argv: list[str]) -> list[str]:
         """argv run in a new session whose controlling terminal is this one (opening it makes it so)."""

@@ -217,7 +217,8 @@ def approved(command: str) -> bool:
     never approves, and with no terminal nobody is there to say yes."""
     try:
         with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
-            terminal.write(f"\n⚠  the model wants to run: {visible(command)}\nallow? (y/N) ".encode())
+            # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+            terminal.write(f"\x1b[0m\n⚠  the model wants to run: {visible(command)}\nallow? (y/N) ".encode())
             answer = terminal.readline().decode(errors="replace")
     except OSError:  # no controlling terminal
         answer = ""
@@ -333,9 +334,8 @@ TRASH = WORKDIR / ".trash"
 def backup_key(path: Path) -> str:
     """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
     A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
-    # os.path.realpath, not Path.resolve: it never raises on a symlink loop. The
-    # bytes of the name (os.fsencode), so a name that is not UTF-8 has a key too.
-    key = urllib.parse.quote(os.fsencode(os.path.relpath(os.path.realpath(path), WORKDIR)), safe="")
+    # os.path.realpath, not Path.resolve: it never raises on a symlink loop.
+    key = urllib.parse.quote(os.path.relpath(os.path.realpath(path), WORKDIR), safe="")
     return key if len(key) <= 200 else f"{key[:160]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
