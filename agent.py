@@ -1,10 +1,13 @@
 """agent.py — the production edition.
 
-This is chapter 11's program (exercises/ex11/agent.py) plus a production
-layer: a lock per session, durable creation, repairs of what a crash can
-leave, a faster start and a faster -list, -c last and ID prefixes, and one
-exit policy. exercises/production/README.md walks through every addition;
-its table of contents is
+This is the last chapter's program plus a production layer: sessions that
+hold up (a lock, durable creation, repairs of what a crash can leave), a
+faster start and -list, -c last and ID prefixes, one exit policy, and the
+defences that hostile inputs call for: a gate on the file tools, questions
+answered only at the terminal, the API key kept out of commands and records,
+atomic writes, and streams, files and settings read as the untrusted things
+they are. exercises/production/README.md walks through every addition; its
+table of contents is
 
     diff -u exercises/ex11/agent.py agent.py
 
@@ -81,8 +84,8 @@ DOTENV, DOTENV_PATH = dotenv_settings()
 
 
 def setting(name: str) -> str:
-    """A setting: the real environment wins over .env."""
-    return (os.environ.get(name) or DOTENV.get(name) or "").strip()
+    """A setting: the real environment wins over .env, even set empty."""
+    return (os.environ[name] if name in os.environ else DOTENV.get(name, "")).strip()
 
 
 API_KEY = setting("OPENAI_API_KEY")
@@ -360,9 +363,15 @@ def stays_inside(command: str) -> bool:
             return False  # a pattern may match a link that leads out; ~ is the home directory
         # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
         for path in (word, word.partition("=")[2]):
-            if not inside(Path(os.path.realpath(path or "."))):
-                return False
+            resolved = Path(os.path.realpath(path or "."))
+            if not inside(resolved) or holds_settings(Path(path)) or holds_settings(resolved):
+                return False  # cat .env asks, as read_file .env does
     return True
+
+
+def holds_settings(path: Path) -> bool:
+    """.env, .env.local, .envrc: files of settings and keys, or (direnv's .envrc) commands."""
+    return path.name.casefold().startswith(".env")
 
 
 def inside(path: Path) -> bool:
@@ -611,7 +620,7 @@ class Registry:
             # Only a file tool's path counts: a stray "path" key on bash reads nothing.
             path = Path(args["path"]).resolve() if "path" in parameters["required"] else None
             # The gate first: an answer must not tell the model what exists outside.
-            if path and (refusal := gate(path, tool.changes_files)):
+            if path and (refusal := gate(path, Path(args["path"]), tool.changes_files)):
                 return refusal
             if tool.changes_files and path.exists() and path not in self.known_files:
                 return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
@@ -628,7 +637,7 @@ class Registry:
         return redact(result)
 
 
-def gate(path: Path, writes: bool) -> str | None:
+def gate(path: Path, given: Path, writes: bool) -> str | None:
     """Where the file tools go without asking: inside the working directory, and for
     a write not where something runs or configures. None lets the call go on; else
     the refusal. Names are compared case-folded: .GIT is .git on macOS and Windows."""
@@ -637,7 +646,7 @@ def gate(path: Path, writes: bool) -> str | None:
         return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
     if parts is None:
         wants = "write outside the working directory" if writes else "read outside the working directory"
-    elif path.name.casefold() == ".env" or path == DOTENV_PATH:
+    elif holds_settings(path) or holds_settings(given) or path == DOTENV_PATH:
         wants = "write .env, which sets up the agent's next run" if writes else "read .env, which holds keys"
     elif writes and ".git" in parts:
         wants = "write inside .git/, where git finds the commands it runs"
@@ -810,7 +819,7 @@ def find_session(wanted: str) -> str:
         if not sessions:
             raise Failure(f"there is no session in {SESSIONS.name}/ to continue yet")
         # An empty file is a session whose creation was cut short: never "active".
-        started = [session_id for session_id, path in sessions.items() if modified_at(path) and path.stat().st_size]
+        started = [session_id for session_id, path in sessions.items() if modified_at(path) and size_of(path)]
         return max(started or sessions, key=lambda session_id: modified_at(sessions[session_id]))
     matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
     if len(matches) > 1:
@@ -818,6 +827,14 @@ def find_session(wanted: str) -> str:
     if not matches:
         raise Failure(f"no session {wanted} in {SESSIONS.name}/ (python agent.py -list shows them)")
     return matches[0]
+
+
+def size_of(path: Path) -> int:
+    """path's size; 0 if it is gone (deleted since the directory was listed)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def modified_at(path: Path) -> float:
@@ -1041,6 +1058,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
         raise Stalled
 
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
+    shown_so_far = 0  # characters of text printed: the rest might be the start of the key
     previous_handler = signal.signal(signal.SIGALRM, stalled)
     try:
         signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every step of progress below
@@ -1063,7 +1081,8 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
             choice = choices[0]
             delta = field(choice, "delta", object)  # null or missing: nothing new in this chunk
             if content := field(delta, "content", str):
-                show(safe(content))
+                signal.setitimer(signal.ITIMER_REAL, 0)  # a slow reader of stdout is not a silent server
+                shown_so_far = show_redacted(text, content)
                 text += content
             # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
             reasoning += (thought := field(delta, "reasoning_content", str) or "")
@@ -1095,7 +1114,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
         if text:
-            show("\n")  # end the text's line, complete or not
+            show(safe(redact(text[shown_so_far:])) + "\n")  # what was held back, and the end of the line
     # A stream can simply stop (a proxy, a crash): no finish_reason means
     # the turn is incomplete, and that is a failure, not a success.
     if finish_reason is None:
@@ -1105,9 +1124,29 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
     message: dict = {"role": "assistant", "content": redact(text) or None}
     if reasoning:
         message["reasoning_content"] = redact(reasoning)
+    for call in calls.values():
+        call["function"]["arguments"] = redact(call["function"]["arguments"])
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]
     return message, finish_reason, usage
+
+
+def show_redacted(text: str, content: str) -> int:
+    """Print content, which follows text, with the key removed; return how much of
+    text + content is printed. The key can arrive split across chunks: a tail of
+    the text that could be its beginning waits for the next chunk (or the end)."""
+    whole_text = text + content
+    start = len(text) - held_back(text)  # where the printing stopped last time
+    ready = len(whole_text) - held_back(whole_text)
+    show(safe(redact(whole_text[start:ready])))
+    return ready
+
+
+def held_back(text: str) -> int:
+    """How many characters at the end of text could be the beginning of the key."""
+    if len(API_KEY) < 8:
+        return 0
+    return next((size for size in range(min(len(text), len(API_KEY) - 1), 0, -1) if text.endswith(API_KEY[:size])), 0)
 
 
 def send(client: openai.OpenAI, messages: list[dict]) -> object:
