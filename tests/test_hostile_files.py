@@ -4,8 +4,10 @@ The files the tools touch and the session files the agent reads back are not
 trusted either: /dev/zero, a FIFO, a directory, a 5 MB file, a symlink loop,
 a name of 30 Chinese characters, a read-only file, a full disk, a session
 line nested 100,000 deep, a FIFO or a dangling symlink where a session should
-be. Each must end in a clean result or a clean error, never a hang, a
-traceback, a half-written file or a leaked one.
+be, a .env someone else can write, .trash or .sessions as a symlink that leads
+out, a FIFO for -restore, a name that is not UTF-8. Each must end in a clean
+result or a clean error, never a hang, a traceback, a half-written file or a
+leaked one.
 
 The real agent.py runs as a subprocess against the fake provider, every run
 with a timeout (a FIFO or /dev/zero must not hang the suite even if a defence
@@ -19,6 +21,7 @@ AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -27,18 +30,21 @@ import resource
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import conftest
-from conftest import hermetic_env, run_agent
+from conftest import TEST_KEY, hermetic_env, run_agent
 from fake_provider import FakeProvider, sequence_error, text, tool_call
 from helpers import (
     SESSION_ID,
     appended,
     assert_ok,
+    assert_one_error_line,
+    call,
     calls,
     disk_messages,
     header_line,
@@ -48,6 +54,8 @@ from helpers import (
     results,
     resumed,
     session_bytes,
+    snapshot,
+    stderr_lines,
     warnings,
 )
 
@@ -174,6 +182,59 @@ def test_writes_keep_modes_follow_links_and_keep_backups_private(provider: FakeP
     assert {mode(b) for b in backups} == {0o600}
     assert sorted(b.name.partition("~")[0] for b in backups) == ["real.txt", "run.sh", "secret.txt", "secret.txt"]
     assert leftovers(workdir) == []
+
+
+def test_the_temporary_file_of_a_write_is_private_until_it_is_renamed(loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under umask 026, write_file over a 0664 file and write_file of a new one, through agent.py's
+    registry in-process, watching the standard library: each temporary file is created 0600 and still
+    private when full (its fsync), so nobody else can open it while it fills; at the rename it has the
+    final mode, the old file's (0664) or what the umask leaves of 0666 (0640)."""
+    work = loaded.WORKDIR
+    (work / "old.txt").write_text("old\n")
+    (work / "old.txt").chmod(0o664)
+    created, filled, renamed = {}, {}, {}
+    real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
+
+    def watched_open(path: object, flags: int, mode: int = 0o777, *args: object, **kwargs: object) -> int:
+        fd = real_open(path, flags, mode, *args, **kwargs)
+        if flags & os.O_CREAT:
+            created[os.path.realpath(path)] = stat.S_IMODE(os.fstat(fd).st_mode)
+        return fd
+
+    def watched_fsync(fd: int) -> None:
+        filled[os.readlink(f"/proc/self/fd/{fd}")] = stat.S_IMODE(os.fstat(fd).st_mode)
+        real_fsync(fd)
+
+    def watched_replace(source: object, target: object, *args: object, **kwargs: object) -> None:
+        renamed[os.path.realpath(target)] = (os.path.realpath(source), stat.S_IMODE(os.stat(source).st_mode))
+        real_replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watched_open)
+    monkeypatch.setattr(os, "fsync", watched_fsync)
+    monkeypatch.setattr(os, "replace", watched_replace)
+    umask = os.umask(0o026)
+    try:
+        got = [
+            loaded.registry.run(name, json.dumps(args))
+            for name, args in (
+                ("read_file", {"path": "old.txt"}),
+                ("write_file", {"path": "old.txt", "content": "new\n"}),
+                ("write_file", {"path": "new.txt", "content": "new\n"}),
+            )
+        ]
+    finally:
+        os.umask(umask)
+        monkeypatch.setattr(os, "open", real_open)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        monkeypatch.setattr(os, "replace", real_replace)
+    assert got[1].startswith("wrote 4 bytes to old.txt") and got[2] == "wrote 4 bytes to new.txt", got
+    for name, final in (("old.txt", 0o664), ("new.txt", 0o640)):
+        temporary, at_rename = renamed[os.path.realpath(work / name)]
+        assert oct(created[temporary]) == oct(0o600), name  # nobody else can open it while it fills
+        assert oct(filled[temporary]) == oct(0o600), name  # full and on the disk, still private
+        assert oct(at_rename) == oct(final), name
+        assert (work / name).read_text() == "new\n" and oct(mode(work / name)) == oct(final)
+    assert leftovers(work) == []
 
 
 def test_a_read_only_file_stays_read_only(provider: FakeProvider, workdir: Path) -> None:
@@ -516,3 +577,224 @@ def test_a_stored_call_with_torn_arguments_is_sent_as_json(provider: FakeProvide
     assert sequence_error(sent) is None
     assert json.loads(sent[2]["tool_calls"][0]["function"]["arguments"]) == {}
     assert disk_messages(path)[2] == torn  # the file keeps what it held
+
+
+def test_odd_stored_messages_are_sent_valid_and_bad_ones_reported(provider: FakeProvider, workdir: Path) -> None:
+    """An assistant message with null content and no tool calls is sent with content ""; calls named
+    "" and "bad name!" (never run) are sent as unnamed_tool; a role that is a list and a content that
+    is a number are damaged lines, reported by number and kept. The file is only appended to."""
+    call_turn = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [call("c1", name="", arguments="{}"), call("c2", name="bad name!", arguments="{}")],
+    }
+    path = put_session(
+        workdir,
+        session_bytes(SYSTEM, USER, {"role": "assistant", "content": None})  # lines 1-4
+        + b'{"type":"message","message":{"role":["user"],"content":"a role that is a list"}}\n'  # line 5
+        + b'{"type":"message","message":{"role":"user","content":5}}\n'  # line 6
+        + message_line({"role": "user", "content": "Call something."})
+        + message_line(call_turn)
+        + message_line({"role": "tool", "tool_call_id": "c1", "content": "error: unknown tool ''"})
+        + message_line({"role": "tool", "tool_call_id": "c2", "content": "error: unknown tool 'bad name!'"}),
+    )
+    before = path.read_bytes()
+    provider.script(text("Fine."))
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Fine.\n")
+    assert warnings(result.stderr) == [
+        f"warning: skipped damaged line(s) 5, 6 of {SESSION_ID}.jsonl; they stay in the file"
+    ]
+    sent = provider.chat_requests[0]["messages"]
+    assert sequence_error(sent) is None
+    assert sent[2] == {"role": "assistant", "content": ""}
+    assert [m["content"] for m in sent if m["role"] == "user"] == [USER["content"], "Call something.", "go on"]
+    assert [c["function"]["name"] for c in sent[4]["tool_calls"]] == ["unnamed_tool", "unnamed_tool"]
+    assert len(appended(before, path.read_bytes())) == 2
+
+
+def test_a_session_file_holding_a_lone_surrogate_escape_goes_on(provider: FakeProvider, workdir: Path) -> None:
+    """Another program wrote "\\ud83d" (half an emoji, escaped: valid JSON) into a session: -c is
+    accepted, the request valid UTF-8 JSON, and the file is only appended to."""
+    lone = {"role": "user", "content": "half an emoji: \ud83d"}
+    line = json.dumps({"type": "message", "message": lone}).encode() + b"\n"  # ASCII: the half as \ud83d
+    path = put_session(workdir, header_line() + message_line(SYSTEM) + line + message_line(ANSWER))
+    before = path.read_bytes()
+    provider.script(text("Fine."))
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Fine.\n")
+    assert json.loads(provider.requests[0]["raw"].decode("utf-8"))["messages"][1]["content"].startswith("half an emoji")
+    assert len(appended(before, path.read_bytes())) == 2
+
+
+FAR = 1e13  # seconds: the year 318857, which no datetime can show
+
+
+def test_list_shows_a_session_modified_in_a_year_no_calendar_has(tmp_path: Path) -> None:
+    """os.utime to 1e13 s: -list lists the session with modified "?". ext4 clamps such a time to the
+    year 2446, so the working directory is made on /dev/shm (tmpfs keeps it) if tmp_path's does not."""
+    with contextlib.ExitStack() as stack:
+        for base in (tmp_path, Path("/dev/shm")):
+            if not base.is_dir():
+                continue
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=base))) / "work"
+            workdir.mkdir()
+            path = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER))
+            os.utime(path, (FAR, FAR))
+            if path.stat().st_mtime == FAR:
+                break
+        else:
+            pytest.skip("no file system here keeps a modification time of 1e13 s")
+        listed = run_agent("final", "-list", provider=None, cwd=workdir, timeout=30)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert listed.stdout.startswith(f"{SESSION_ID}  created 2026-08-01 09:07  modified ?  "), listed.stdout
+    assert len(listed.stdout.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- a .env that is not yours, or cannot be read
+
+
+@pytest.mark.parametrize("whose", ["another user's", "world-writable"])
+def test_a_dotenv_that_someone_else_can_write_is_ignored(tmp_path: Path, workdir: Path, whose: str) -> None:
+    """A .env in a parent directory (a /tmp/.env) that another user owns, or that anyone can write,
+    names a server of its own, a key, a model and OPENAI_ORG_ID. It is ignored with one warning
+    line, and the real environment's settings are used: none at all (the short guide, exit 1), or
+    all three (the run goes to the real server, without the planted organization)."""
+    with FakeProvider() as real, FakeProvider() as thief:
+        planted = tmp_path / ".env"
+        planted.write_text(
+            f"OPENAI_API_KEY=sk-planted-0123456789\nOPENAI_BASE_URL={thief.url}\nMODEL=planted\nOPENAI_ORG_ID=org-planted\n"
+        )
+        if whose == "another user's":
+            if os.geteuid() != 0:
+                pytest.skip("giving a file to another user needs root")
+            os.chown(planted, 65534, 65534)
+            settings = {"OPENAI_API_KEY": None, "OPENAI_BASE_URL": None, "MODEL": None}
+        else:
+            planted.chmod(0o666)
+            settings = {}
+        thief.script(text("Thanks for the task."))
+        real.script(text("Done."))
+        result = run_agent("final", "Work.", provider=real, cwd=workdir, timeout=30, **settings)
+    assert thief.requests == []
+    assert "Traceback" not in result.stderr, result.stderr
+    assert warnings(result.stderr) == [f"warning: ignored {planted}: not yours, or anyone can write it"]
+    if settings:
+        assert result.returncode == 1 and result.stdout == "" and real.requests == []
+        assert stderr_lines(result.stderr)[1].startswith("error: OPENAI_API_KEY and MODEL must be set"), result.stderr
+    else:
+        assert_ok(result, stdout="Done.\n")
+        assert [request["body"]["model"] for request in real.requests] == ["test-model"]
+        assert real.requests[0]["headers"]["authorization"] == f"Bearer {TEST_KEY}"
+        assert "openai-organization" not in real.requests[0]["headers"]
+
+
+@pytest.mark.parametrize("kind", ["not UTF-8", "a FIFO"])
+def test_a_dotenv_that_cannot_be_read_is_one_warning(workdir: Path, kind: str) -> None:
+    """-h still works, at once: one warning line, the usage on stdout."""
+    dotenv = workdir / ".env"
+    if kind == "a FIFO":
+        os.mkfifo(dotenv)  # no writer ever comes: an open that waits for one never returns
+    else:
+        dotenv.write_bytes(b"MODEL=caf\xe9\n")
+    result = run_agent("final", "-h", provider=None, cwd=workdir, timeout=10)
+    assert result.returncode == 0 and result.stdout.startswith("usage: python agent.py"), result.stderr
+    assert len(stderr_lines(result.stderr)) == 1, result.stderr
+    assert result.stderr.startswith(f"warning: ignored {dotenv}"), result.stderr
+
+
+# ---------------------------------------------------------------- .trash or .sessions that is a symlink
+
+
+def test_a_trash_that_is_a_symlink_is_never_used(provider: FakeProvider, tmp_path: Path, workdir: Path) -> None:
+    """.trash links to a directory outside (a repository can commit such a link): a write that needs
+    a backup fails with an error result and writes nothing; -restore refuses in one line rather than
+    bring in the "backup" planted there. Nothing appears in the link's target."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "a.txt~20260101-000000-000000").write_text("planted\n")
+    (workdir / ".trash").symlink_to(elsewhere)
+    (workdir / "a.txt").write_text("mine\n")
+    before = snapshot(elsewhere)
+    provider.script(
+        tool_call("read_file", {"path": "a.txt"}, call_id="read"),
+        tool_call("write_file", {"path": "a.txt", "content": "changed\n"}, call_id="write"),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)["write"]
+    assert got.startswith("error: write_file failed on a.txt: could not back up the old version"), got
+    assert ".trash is a symlink" in got and got.endswith("the file was not changed"), got
+    restored = run_agent("final", "-restore", "a.txt", provider=None, cwd=workdir, timeout=30)
+    assert_one_error_line(restored, "cannot restore a.txt", ".trash is a symlink")
+    assert (workdir / "a.txt").read_text() == "mine\n"
+    assert snapshot(elsewhere) == before
+
+
+def test_a_sessions_directory_that_is_a_symlink_is_never_used(
+    provider: FakeProvider, tmp_path: Path, workdir: Path
+) -> None:
+    """.sessions links to a directory outside that holds a session: a new session is refused, and
+    so are -list and -c last, each in one line. Nothing appears in, or changes in, the link's target."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / f"{SESSION_ID}.jsonl").write_bytes(session_bytes(SYSTEM, USER, ANSWER))
+    (workdir / ".sessions").symlink_to(elsewhere)
+    before = snapshot(elsewhere)
+    provider.script(text("never asked"), text("never asked"))
+    new = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30)
+    assert_one_error_line(new, "cannot create a session in", ".sessions is a symlink")
+    for args in (["-list"], ["-c", "last", "go on"]):
+        refused = run_agent("final", *args, provider=provider, cwd=workdir, timeout=30)
+        assert_one_error_line(refused, "cannot read", ".sessions: it is a symlink")
+    assert provider.requests == []
+    assert snapshot(elsewhere) == before
+
+
+# ---------------------------------------------------------------- -restore: a FIFO, a name that is not UTF-8
+
+
+@pytest.mark.parametrize("where", ["the file", "its newest backup"])
+def test_restore_with_a_fifo_is_one_error_line(workdir: Path, where: str) -> None:
+    """-restore f, where f is a FIFO, or where .trash holds a FIFO named like f's newest backup:
+    one error line at once (reading a FIFO waits for a writer that never comes), nothing changed."""
+    trash = workdir / ".trash"
+    trash.mkdir(mode=0o700)
+    (trash / "f~20260101-000000-000000").write_text("old\n")
+    fifo = workdir / "f" if where == "the file" else trash / "f~20260102-000000-000000"
+    os.mkfifo(fifo)
+    if where != "the file":
+        (workdir / "f").write_text("current\n")
+    names = sorted(path.name for path in trash.iterdir())
+    result = run_agent("final", "-restore", "f", provider=None, cwd=workdir, timeout=10)
+    assert_one_error_line(result, "cannot restore f")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert where == "the file" or (workdir / "f").read_text() == "current\n"
+    assert sorted(path.name for path in trash.iterdir()) == names  # no backup made, none taken
+
+
+NOT_UTF8 = os.fsdecode(b"a\xffb")  # a file name with a byte that is not UTF-8, as Python holds it
+
+
+def test_restore_of_a_name_that_is_not_utf8(provider: FakeProvider, workdir: Path) -> None:
+    """The model reads and rewrites a\\xffb (its JSON names it "a\\udcffb"), which backs it up; then
+    `-restore $'a\\xffb'` works, or fails in one line."""
+    (workdir / NOT_UTF8).write_text("old\n")
+    provider.script(
+        tool_call("read_file", '{"path": "a\\udcffb"}', call_id="read"),
+        tool_call("write_file", '{"path": "a\\udcffb", "content": "new\\n"}', call_id="write"),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30)
+    assert_ok(result, stdout="Done.\n")
+    assert results(provider)["write"].startswith("wrote 4 bytes to a"), results(provider)
+    assert (workdir / NOT_UTF8).read_text() == "new\n"
+    restored = run_agent("final", "-restore", b"a\xffb", provider=None, cwd=workdir, timeout=30)  # type: ignore[arg-type]
+    assert "Traceback" not in restored.stderr, restored.stderr
+    if restored.returncode == 0:
+        assert restored.stdout.startswith("restored .trash/"), restored.stdout
+        assert (workdir / NOT_UTF8).read_text() == "old\n"
+    else:
+        assert_one_error_line(restored)
+        assert (workdir / NOT_UTF8).read_text() == "new\n"

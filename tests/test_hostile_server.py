@@ -1,11 +1,13 @@
 """Hostile input, part 2: the server is the attacker, byte by byte (agent.py).
 
 A proxy, a small self-hosted server or a hostile endpoint can send anything
-down the stream: keep-alive comments and nothing else, lines that are not
-JSON or not UTF-8, fields of the wrong type, escape sequences in an error
-message, kilobytes of it. Each must end the turn with one `error:` line and
-the resume hint (or be harmless), never a traceback or a hang; every round
-completed before it stays saved, and the session resumes.
+down the stream: keep-alive comments or empty events and nothing else,
+lines that are not JSON, not UTF-8 or nested too deep, fields of the wrong
+type, a lone surrogate, escape sequences in an error message, kilobytes or
+megabytes of it. Each must end the turn with one `error:` line and the
+resume hint (or be harmless), never a traceback or a hang; every round
+completed before it stays saved, and the session resumes. The agent's own
+stdout may fail too (a closed pipe, a full device): the answer is still saved.
 
 The streams are raw bytes (fake_provider.raw and sse) sent over real HTTP to
 the real agent.py, run as a subprocess with a timeout, so a broken defence
@@ -17,19 +19,25 @@ AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 import conftest
-from conftest import TEST_KEY, run_agent
+from conftest import TEST_KEY, hermetic_env, run_agent
 from fake_provider import FakeProvider, Reply, error, raw, sequence_error, sse, text, tool_call
 from helpers import Live, assert_one_error_line, disk_messages, hint, new_session_id, resumed, stderr_lines
 
@@ -159,7 +167,87 @@ def test_a_server_that_never_answers_ends_after_stream_timeout(workdir: Path) ->
     assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e999"])
+@contextlib.contextmanager
+def dripping(first: list[bytes], event: bytes) -> Iterator[str]:
+    """A server that answers a streamed request with the events `first`, then sends `event` every
+    0.2 s until the client leaves (30 s at most): never silent, yet never getting anywhere.
+    Yields its base URL."""
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for data in first:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                for _ in range(150):
+                    if stop.wait(0.2):  # the pace of the drip, or the end of the test
+                        break
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+            except OSError:  # the client has gone
+                pass
+            self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    "event", [sse({"choices": []}), sse({}), chunk({})], ids=["choices is empty", "an empty object", "an empty delta"]
+)
+def test_empty_events_sent_forever_end_after_stream_timeout(workdir: Path, event: bytes) -> None:
+    """An event every 0.2 s that says nothing: it resets the SDK's read timeout, never STREAM_TIMEOUT's."""
+    with dripping([], event) as url:
+        started = time.monotonic()
+        result = run_agent(
+            "final", TASK, provider=None, cwd=workdir, timeout=20, STREAM_TIMEOUT="1", OPENAI_BASE_URL=url
+        )
+        elapsed = time.monotonic() - started
+    session_id = assert_clean_stop(result, f"no progress from {url} for 1 s")
+    assert elapsed < 10, elapsed
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+
+
+def test_empty_events_after_the_finish_chunk_do_not_lose_the_answer(workdir: Path) -> None:
+    """The answer and its finish chunk, then empty events forever: the answer stands, exit 0."""
+    with dripping([chunk({"content": "The answer."}), chunk({}, "stop")], sse({"choices": []})) as url:
+        result = run_agent(
+            "final", TASK, provider=None, cwd=workdir, timeout=20, STREAM_TIMEOUT="1", OPENAI_BASE_URL=url
+        )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "The answer.\n" and error_lines(result.stderr) == []
+    stored = disk_messages(workdir / ".sessions" / f"{new_session_id(result.stderr)}.jsonl")
+    assert stored[-1] == {"role": "assistant", "content": "The answer."}
+
+
+def test_a_reply_past_the_turn_cap_ends_with_one_error_line(provider: FakeProvider, workdir: Path) -> None:
+    """1.1 million characters of text in 11 events: more than max_tokens allows, so a server gone wrong."""
+    provider.script(raw(*[chunk({"content": "a" * 100_000})] * 11, END))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    session_id = assert_clean_stop(result, "the reply passed 1,000,000 characters")
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "1e999", "1e10"])
 def test_a_bad_stream_timeout_is_one_clean_error(provider: FakeProvider, workdir: Path, value: str) -> None:
     provider.script(text("never asked"))
     result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=30, STREAM_TIMEOUT=value)
@@ -183,6 +271,7 @@ MALFORMED = {
     "index is a word": [piece(index="first"), chunk({}, "tool_calls"), DONE],
     "an event with no data": [TEXT, b"event: ping\n\n", END],
     "a chunk that is a JSON list": [TEXT, sse([1, 2, 3]), END],
+    "JSON nested 100,000 deep": [TEXT, b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n", END],
 }
 # These may also go through: the chunk says nothing wrong, says it in a way the SDK repairs, or
 # (usage) holds only what the status line shows, where anything but a number becomes "?".
@@ -217,6 +306,134 @@ def test_a_malformed_chunk_ends_the_turn_cleanly_and_the_session_resumes(
         assert sequence_error(stored) is None, stored  # whatever round 2 made of it is a valid conversation
     after = resume(provider, workdir, session_id)
     assert after[: len(stored)] == stored
+
+
+AFTER_FINISH = {"not JSON": b"data: not-json\n\n", "choices is an object": sse({"choices": {}})}
+
+
+@pytest.mark.parametrize("line", AFTER_FINISH)
+def test_a_malformed_line_after_the_finish_chunk_keeps_the_answer(
+    provider: FakeProvider, workdir: Path, line: str
+) -> None:
+    provider.script(raw(chunk({"content": "The answer."}), chunk({}, "stop"), AFTER_FINISH[line], DONE))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert result.stdout == "The answer.\n" and error_lines(result.stderr) == []
+    stored = disk_messages(workdir / ".sessions" / f"{new_session_id(result.stderr)}.jsonl")
+    assert stored[-1] == {"role": "assistant", "content": "The answer."}
+
+
+# ---------------------------------------------------------------- lone surrogates
+
+LONE = {
+    # A lone surrogate escaped in the JSON of the stream (\ud800): valid JSON, but no UTF-8 can hold it.
+    "in a tool call's arguments": [
+        piece(id="call_s", function={"name": "bash", "arguments": '{"command": "echo \ud800"}'}),
+        chunk({}, "tool_calls"),
+        DONE,
+    ],
+    "half an emoji ending the text": [chunk({"content": "smile \ud83d"}), chunk({}, "stop"), DONE],
+}
+
+
+LONE_ARGUMENTS_BUG = pytest.mark.xfail(
+    strict=True,
+    reason="bug: sendable_call() checks that a call's arguments are JSON with str(arguments).encode(), which "
+    "raises UnicodeEncodeError on a lone surrogate before stream_turn() can send the history through whole(): "
+    "a traceback on the next request, and on every -c of the session",
+)
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=LONE_ARGUMENTS_BUG if "arguments" in case else ()) for case in LONE]
+)
+def test_a_lone_surrogate_from_the_stream_leaves_a_session_that_can_go_on(
+    provider: FakeProvider, workdir: Path, case: str
+) -> None:
+    """The run ends normally or with one error line, and every later request, in this run and in a
+    -c of it, is valid UTF-8 JSON the server accepts."""
+    provider.script(raw(*LONE[case]), text("Done."))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 0 or len(error_lines(result.stderr)) == 1, result.stderr
+    resume(provider, workdir, new_session_id(result.stderr))
+    for request in provider.requests:
+        assert isinstance(json.loads(request["raw"].decode("utf-8")), dict)
+
+
+# ---------------------------------------------------------------- a stdout that fails
+
+
+def read_until(pipe: object, needle: bytes, timeout: float = 30) -> bytes:
+    """Read a pipe until needle has come (bounded); what was read."""
+    seen, deadline = b"", time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([pipe], [], [], left)[0], f"{needle!r} never came: {seen!r}"
+        chunk_ = os.read(pipe.fileno(), 65536)
+        assert chunk_, f"the pipe closed before {needle!r}: {seen!r}"
+        seen += chunk_
+    return seen
+
+
+ANSWER = "0123456789 and the rest of the answer"
+
+
+def test_a_closed_pipe_on_stdout_keeps_the_answer(provider: FakeProvider, workdir: Path) -> None:
+    """`agent.py task | head -c 5` (sh, so no pipefail): head has gone when the rest of the answer
+    comes. The agent says so in a line or not at all (exit 0, or 1 with one error line), no
+    traceback, and the whole answer is in the session."""
+    provider.script(FIRST, text(ANSWER, pieces=4, pause_after=2))
+    pipeline = '{ "$0" "$1" "$2"; echo "$?" > agent.status; } | { head -c 5; exec <&-; echo "[head is gone]" >&2; }'
+    argv = ["sh", "-c", pipeline, sys.executable, str(conftest.program("final")), TASK]
+    process = subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env=hermetic_env(provider, workdir.parent),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        provider.wait_paused()
+        seen = read_until(process.stderr, b"[head is gone]")  # and so is the read end of the pipe
+        provider.release()
+        out, err = process.communicate(timeout=60)
+    finally:
+        provider.release()
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+    stderr = (seen + err).decode()
+    assert out == b"01234"
+    assert "Traceback" not in stderr, stderr
+    status = (workdir / "agent.status").read_text()
+    assert status == "0\n" or (status == "1\n" and len(error_lines(stderr)) == 1), (status, stderr)
+    stored = disk_messages(workdir / ".sessions" / f"{new_session_id(stderr)}.jsonl")
+    assert stored[-1] == {"role": "assistant", "content": ANSWER}
+
+
+@pytest.mark.parametrize("redirect", [">&-", ">/dev/full"], ids=["closed", "/dev/full"])
+def test_a_closed_or_full_stdout_keeps_the_answer(provider: FakeProvider, workdir: Path, redirect: str) -> None:
+    """Started with stdout closed (`>&-`), or on a full device: exit 0, at most a warning, and the
+    session holds the round and the answer."""
+    provider.script(FIRST, text(ANSWER))
+    done = subprocess.run(
+        ["sh", "-c", f'exec "$@" {redirect}', "sh", sys.executable, str(conftest.program("final")), TASK],
+        cwd=workdir,
+        env=hermetic_env(provider, workdir.parent),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith(("warning:", "error:"))]) <= 1
+    stored = disk_messages(workdir / ".sessions" / f"{new_session_id(done.stderr)}.jsonl")
+    assert_saved(stored[:4], first_round(workdir))
+    assert stored[4:] == [{"role": "assistant", "content": ANSWER}]
 
 
 # ---------------------------------------------------------------- 2 and 17. what a server says is shown safely
