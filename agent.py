@@ -280,9 +280,9 @@ def read_file(args: dict) -> str:
         if 0 < (cut := data.rfind(b"\n") + 1):
             data, end = data[:cut], offset + cut
         marker = f"\n[... bytes {offset}-{end} of {status.st_size}; read on with read_file offset={end} ...]"
-        return redact(data.decode("utf-8", errors="replace")) + marker
+        return redact(data.decode("utf-8", errors="replace"), cut=True) + marker
     # Bytes, then decode: a file that is not UTF-8 must not crash the agent.
-    return redact(data.decode("utf-8", errors="replace"))
+    return redact(data.decode("utf-8", errors="replace"), cut=offset > 0)
 
 
 WRITE_FILE = definition(
@@ -489,7 +489,7 @@ def shown(tail: bytes, total: int) -> str:
         if 0 < start < len(tail):
             tail = tail[start:]
         return f"[... first {total - len(tail)} bytes truncated, showing the end ...]\n" + redact(
-            tail.decode("utf-8", errors="replace")
+            tail.decode("utf-8", errors="replace"), cut=True
         )
     return tail.decode("utf-8", errors="replace")
 
@@ -657,14 +657,16 @@ def gate(path: Path, given: Path, writes: bool) -> str | None:
     return None if approved(str(path), wants) else "error: permission denied — the user did not approve this"
 
 
-def redact(text: str) -> str:
+def redact(text: str, cut: bool = False) -> str:
     """The API key's value never reaches the history, and so never a session file or
-    the model, whatever a tool returns (cat /proc/self/environ, a .env). A tool that
-    returns a cut (bash's tail, a read at an offset) may cut through the key: a
-    piece of it at either end of the text goes too. (Five characters can be chance.)"""
+    the model, whatever a tool returns (cat /proc/self/environ, a .env). A text that
+    is a cut (bash's tail, a read at an offset) may cut through the key: a piece of
+    it at either end goes too. (Five characters can be chance.)"""
     if len(API_KEY) < 8:
         return text  # not a secret: Ollama takes any key
     text = text.replace(API_KEY, KEY_GONE)
+    if not cut:
+        return text
     for size in range(len(API_KEY) - 1, 5, -1):
         if text.startswith(API_KEY[-size:]):
             text = KEY_GONE + text[size:]
@@ -938,7 +940,11 @@ def sendable_call(call: dict, used: set[str], pending: list[tuple[object, str]])
     used.add(call_id)
     pending.append((call.get("id"), call_id))
     function = dict(call["function"])
-    if not isinstance(parsed(str(function.get("arguments")).encode()), dict):
+    try:
+        valid = isinstance(json.loads(function.get("arguments")), dict)
+    except (TypeError, ValueError, RecursionError):
+        valid = False
+    if not valid:
         function["arguments"] = "{}"
     if not isinstance(function.get("name"), str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", function["name"]):
         function["name"] = "unnamed_tool"  # it was never run: the registry answered "unknown tool"

@@ -336,17 +336,7 @@ LONE = {
 }
 
 
-LONE_ARGUMENTS_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="bug: sendable_call() checks that a call's arguments are JSON with str(arguments).encode(), which "
-    "raises UnicodeEncodeError on a lone surrogate before stream_turn() can send the history through whole(): "
-    "a traceback on the next request, and on every -c of the session",
-)
-
-
-@pytest.mark.parametrize(
-    "case", [pytest.param(case, marks=LONE_ARGUMENTS_BUG if "arguments" in case else ()) for case in LONE]
-)
+@pytest.mark.parametrize("case", list(LONE))
 def test_a_lone_surrogate_from_the_stream_leaves_a_session_that_can_go_on(
     provider: FakeProvider, workdir: Path, case: str
 ) -> None:
