@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, program, run_agent
 from fake_provider import text
 
-CHAPTERS = range(1, 12)
+CHAPTERS = range(1, 14)
 PROGRAMS = [*CHAPTERS, "final"]
 REPLS = {3, 4}  # chapters 3 and 4 read their questions from stdin
 MAX_ADDED_LINES = 160
