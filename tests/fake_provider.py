@@ -20,6 +20,7 @@ bodies, and DeepSeek's checks of the message sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -184,6 +185,11 @@ class FakeProvider:
         self.replies: list[Reply] = []
         self.requests: list[dict] = []  # every request: path, headers, body (parsed JSON), raw (its bytes)
         self.validate = True  # DeepSeek sequence validation
+        # A context window: a chat request over it (counted as len(body) // 4 tokens) gets the
+        # HTTP 400 the provider named in limit_style sends, and no scripted reply is used up.
+        self.context_limit: int | None = None
+        self.limit_style = "deepseek"  # "deepseek", "openai", "kimi", "llamacpp" or "unnamed" (no number)
+        self.measure = False  # usage reports the request's own size (len(body) // 4) as prompt_tokens
         self.thinking = False  # DeepSeek thinking mode: reasoning_content required on tool-call turns
         self.legacy_reasoner = False  # R1 era: any reasoning_content is a 400
         self.paused = threading.Event()  # set when a reply reaches pause_after
@@ -280,7 +286,11 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.provider.context_limit is not None and len(raw) // 4 > self.provider.context_limit:
+            return self._too_long(headers, body, raw)
         reply = self.provider._take(self.path, headers, body, raw)
+        if reply is not None and self.provider.measure:
+            reply = dataclasses.replace(reply, prompt_tokens=len(raw) // 4)
         if reply is None:
             return self._json(500, {"error": {"message": "fake provider: no scripted reply", "type": "api_error"}})
         if reply.status != 200:
@@ -303,6 +313,44 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(body, reply)
         else:
             self._complete(body, reply)
+
+    def _too_long(self, headers: dict, body: Any, raw: bytes) -> None:
+        """The refusal of a request over the context window, in the words of provider limit_style."""
+        fp, tokens = self.provider, len(raw) // 4
+        with fp.received:
+            fp.requests.append({"path": self.path, "headers": headers, "body": body, "raw": raw})
+            fp.received.notify_all()
+        limit, reply = fp.context_limit, body.get("max_tokens", 0) if isinstance(body, dict) else 0
+        error = {
+            "deepseek": {
+                "message": f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{tokens + reply} tokens ({tokens} in the messages, {reply} in the completion). Please reduce "
+                "the length of the messages or completion.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_request_error",
+            },
+            "openai": {
+                "message": f"This model's maximum context length is {limit} tokens. However, your messages "
+                f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            },
+            "kimi": {
+                "message": f"Invalid request: Your request exceeded model token limit: {limit}",
+                "type": "invalid_request_error",
+            },
+            "llamacpp": {
+                "code": 400,
+                "message": f"request ({tokens} tokens) exceeds the available context size ({limit} tokens), try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": tokens,
+                "n_ctx": limit,
+            },
+            "unnamed": {"message": "the input length exceeds the context length", "type": "invalid_request_error"},
+        }[fp.limit_style]
+        self._json(400, {"error": error}, {"x-should-retry": "false"})
 
     # -- plain JSON responses
 
