@@ -79,7 +79,7 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
     return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(found)
 
 
-SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MODEL", "STREAM_TIMEOUT")
+SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MODEL", "STREAM_TIMEOUT", "CONTEXT_WINDOW", "MAX_ROUNDS")
 DOTENV, DOTENV_PATH = dotenv_settings()
 
 
@@ -161,7 +161,9 @@ def describe(error: openai.APIError) -> str:
     return f"the API failed: {message}"
 
 
-MAX_ROUNDS = 10  # a model that keeps calling tools must not run forever
+# A model that keeps calling tools must not run forever; but the book's 10
+# rounds are too few for real work. MAX_ROUNDS sets it; None if it is not a number (main() says so).
+MAX_ROUNDS = int(setting("MAX_ROUNDS") or 50) if re.fullmatch(r"[0-9]*", setting("MAX_ROUNDS")) else None
 CUT_OFF = (
     "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
     "make the call again with shorter arguments"
@@ -722,6 +724,18 @@ class Session:
             created_at = datetime.now().astimezone().isoformat(timespec="seconds")
             header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1}
             data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
+        self.append(data)
+        self.saved = len(self.history)
+
+    def compact(self, summary: str, kept: int) -> None:
+        """Replace all but the system prompt and the last `kept` messages by a summary.
+        On disk this is one more appended record: the folded messages stay in the
+        file, and a crash at any byte leaves the session as before or as after."""
+        self.append(record_line({"type": "compaction", "summary": summary, "kept": kept}))
+        self.history[:] = folded(self.history, summary, kept)
+        self.saved = len(self.history)
+
+    def append(self, data: bytes) -> None:
         if not data:
             return
         try:
@@ -734,7 +748,12 @@ class Session:
                 os.ftruncate(self.fd, self.size)  # take back a half-written batch
             raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from error
         self.size += len(data)
-        self.saved = len(self.history)
+
+
+def folded(history: list[dict], summary: str, kept: int) -> list[dict]:
+    """The history after a compaction: the system prompt, the summary, the last `kept` messages."""
+    summary_message = {"role": "user", "content": f"[summary of the earlier conversation]\n{summary}"}
+    return history[:1] + [summary_message] + history[len(history) - kept :]
 
 
 def lock(fd: int, session_id: str) -> None:
@@ -877,9 +896,20 @@ def parse_session(data: bytes) -> tuple[list[dict], list[int]]:
         record = parsed(line)
         if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
             messages.append(record["message"])
+        elif isinstance(record, dict) and record.get("type") == "compaction" and valid_compaction(record, messages):
+            messages = folded(messages, record["summary"], record["kept"])  # replayed as it happened
         elif line.strip() and not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
     return messages, damaged
+
+
+def valid_compaction(record: dict, history: list[dict]) -> bool:
+    """A compaction the history can take: a summary, and a kept part that is the end of the
+    history and starts with a request or with a round of the model's (not with a tool result)."""
+    kept = record.get("kept")
+    if not isinstance(record.get("summary"), str) or type(kept) is not int or not 0 <= kept < len(history):
+        return False
+    return kept == 0 or history[-kept]["role"] in ("user", "assistant")
 
 
 def well_formed(message: object) -> bool:
@@ -971,6 +1001,7 @@ def list_sessions() -> None:
 # escaped, so these patterns can only match the structure of a record.
 MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the book's Go edition
 META_LINE = (b'{"type": "meta"', b'{"type":"meta"')
+COMPACTION_LINE = (b'{"type": "compaction"', b'{"type":"compaction"')
 KNOWN_ROLE = re.compile(rb'"role": ?"(?:system|user|assistant|tool)"')
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
@@ -988,6 +1019,8 @@ def summary(path: Path) -> str:
     body = data[: data.rfind(b"\n") + 1]  # what follows the last newline is a torn tail
     count, damaged = count_messages(body)
     damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
+    if COMPACTION_LINE[0] in body or COMPACTION_LINE[1] in body:
+        damage.insert(0, "compacted")  # not damage, but a mark of the same kind: the count is of the file
     created, prompt = "?", ""
     with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, RecursionError):
         if body.startswith(META_LINE):
@@ -1006,8 +1039,9 @@ def count_messages(body: bytes) -> tuple[int, bool]:
     read line by line."""
     lines, header = body.count(b"\n"), body.startswith(META_LINE)
     starts = body.count(b'\n{"type": "message"') + body.startswith(b'{"type": "message"')
+    compactions = body.count(b'\n{"type": "compaction"')
     if (
-        starts + header == lines == body.count(b"}\n")  # every line one whole record
+        starts + header + compactions == lines == body.count(b"}\n")  # every line one whole record
         and len(KNOWN_ROLE.findall(body)) == starts  # every message has one known role
         and b'}{"type"' not in body  # no two records glued into one line
         and (body.isascii() or utf8(body))
@@ -1024,7 +1058,7 @@ def count_messages(body: bytes) -> tuple[int, bool]:
             and utf8(line)
         ):
             count += 1
-        elif line.strip() and not (number == 1 and line.startswith(META_LINE)):
+        elif line.strip() and not (number == 1 and line.startswith(META_LINE)) and not line.startswith(COMPACTION_LINE):
             damaged = True
     return count, damaged
 
@@ -1035,6 +1069,169 @@ def utf8(data: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+# ---- the context budget: how much of the model's window the conversation fills ----
+
+# The model's context window in tokens, by a part of its name: the first match
+# wins, so the more specific names come first. Each is the smallest window we
+# know for the family: a window believed larger than it is fails later, and
+# harder. A local server's window is what it was started with (Ollama's
+# num_ctx, llama.cpp's -c), whatever the model could do: set CONTEXT_WINDOW.
+WINDOWS = {
+    "deepseek": 128_000,
+    "gpt-4.1": 1_000_000,
+    "gpt-4o": 128_000,
+    "gpt-4": 8_192,
+    "gpt-5": 272_000,  # its input; the 400,000 it is sold with counts the reply too
+    "claude": 200_000,
+    "kimi": 128_000,
+    "moonshot": 128_000,
+    "qwen": 8_192,
+    "llama": 8_192,
+    "gemma": 8_192,
+    "mistral": 8_192,
+}
+DEFAULT_WINDOW = 32_000  # a model the table does not know: smaller than most, larger than a toy
+BUDGET_FRACTION = 0.75  # past this share of the window, warn: a few more rounds may not fit
+
+
+def context_window() -> int:
+    """CONTEXT_WINDOW if it is set, else the table's window for MODEL."""
+    raw = setting("CONTEXT_WINDOW")
+    if not raw:
+        return next((size for part, size in WINDOWS.items() if part in MODEL.lower()), DEFAULT_WINDOW)
+    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1000:
+        raise Failure(f"CONTEXT_WINDOW must be a whole number of tokens, at least 1000, not {raw!r}")
+    return int(raw)
+
+
+def reply_tokens(window: int) -> int:
+    """max_tokens for a request: a quarter of the window at most, so that a request
+    started under BUDGET_FRACTION always has room for its reply (a server that
+    counts the reply in the window, as OpenAI's does, refuses one that has not)."""
+    return min(4096, window // 4)
+
+
+def estimate(payload: object) -> int:
+    """Tokens, roughly, before the API has counted them: about 4 characters a
+    token for ASCII text, 1.5 for the rest (Chinese, Japanese, ...). It counts
+    the JSON, as the request carries it: the names and quotes cost tokens too."""
+    text = json.dumps(payload, ensure_ascii=False)
+    ascii_count = len(text.encode("ascii", "ignore"))  # counted in C: fast even for megabytes
+    return round(ascii_count / 4 + (len(text) - ascii_count) / 1.5)
+
+
+def report_budget(used: int, window: int, estimated: str = "") -> None:
+    """The budget line, and a warning once the conversation fills BUDGET_FRACTION of the window."""
+    share = used / window
+    print(f"[budget {'~' if estimated else ''}{used:,}/{window:,} tokens · {share:.1%}{estimated}]", file=sys.stderr)
+    if share >= BUDGET_FRACTION:
+        soon = "it no longer fits" if share >= 1 else "soon it will not fit"
+        print(f"warning: the conversation fills {share:.0%} of the model's window; {soon}", file=sys.stderr)
+
+
+# ---- compaction: the model summarizes the older part of the conversation itself ----
+
+KEEP_FRACTION = 0.30  # the recent tail, kept word for word: at most this share of the window
+SUMMARY_INSTRUCTION = """\
+Switch to summary mode now. Do not answer or carry out any request in the
+conversation above. Output only a plain summary of it, for whoever carries on
+the work: what the user asked for; the key technical decisions, and why; the
+files, names and commands that came up; what is unfinished, and what was
+about to happen next."""
+
+
+def split_point(history: list[dict], window: int) -> int | None:
+    """Where the kept tail starts: before a user message, never between a tool call
+    and its results, and as early as the tail's budget allows. The budget is at
+    most half the trigger, so one compaction brings the conversation back under
+    it. None if nothing can be folded.
+
+    Real work is often one request and dozens of tool rounds: when no user message
+    will do, the tail starts at a round of the model's instead (an assistant
+    message: its tool results follow it, so no call is parted from them)."""
+    budget = min(KEEP_FRACTION, BUDGET_FRACTION / 2) * window
+    tail, split, round_split = 0, None, None
+    for index in range(len(history) - 1, 1, -1):  # history[1], the first request, is always folded
+        tail += estimate([history[index]])
+        if tail > budget:
+            break
+        if history[index]["role"] == "user":
+            split = index
+        if history[index]["role"] == "assistant":
+            round_split = index
+    return split or round_split
+
+
+def summarize(client: openai.OpenAI, messages: list[dict], window: int) -> str:
+    """The model's own summary of messages, from a request with no tools: it can only
+    write. Long texts are cut to their head and tail, shorter and shorter, until the
+    request fits the window with room for the reply. A part too long even so (after
+    a server refused a session grown far past its window) is summarized in halves:
+    the first half's summary stands in for it when the second half is summarized."""
+    reply = min(1024, window // 4)
+    limit = window * 4  # characters of one message's text (about 4 a token); halved until it fits
+    while True:
+        transcript = "\n\n".join(f"{m['role']}: {shortened(text_of(m), limit)}" for m in messages)
+        request = [{"role": "user", "content": f"{transcript}\n\n{SUMMARY_INSTRUCTION}"}]
+        if estimate(request) + reply <= window:
+            break
+        if limit < 100:
+            if len(messages) <= 2:
+                raise Failure("the older messages do not fit one summary request, however shortened")
+            half = len(messages) // 2
+            first = folded([], summarize(client, messages[:half], window), 0)  # the summary as a message
+            return summarize(client, first + messages[half:], window)
+        limit //= 2
+    # whole(): the transcript may hold half an emoji, which the SDK cannot encode.
+    response = client.chat.completions.create(model=MODEL, max_tokens=reply, messages=whole(request))
+    choices = getattr(response, "choices", None)
+    summary = (
+        getattr(getattr(choices[0], "message", None), "content", None)
+        if isinstance(choices, list) and choices
+        else None
+    )
+    if not isinstance(summary, str) or not summary.strip():
+        raise Failure("the summary came back empty")
+    return redact(summary)
+
+
+def text_of(message: dict) -> str:
+    """A message as plain text: its content and the tool calls it made."""
+    calls = [f"{c['function'].get('name')}({c['function'].get('arguments')})" for c in message.get("tool_calls") or []]
+    return "\n".join(([str(message["content"])] if message.get("content") else []) + calls)
+
+
+def shortened(text: str, limit: int) -> str:
+    """text, or its head and tail if it is longer than limit characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}\n[... {len(text) - limit:,} characters cut ...]\n{text[-(limit // 2) :]}"
+
+
+def compact(client: openai.OpenAI, session: Session, window: int) -> bool:
+    """Fold the older part of the conversation into a summary the model writes; True
+    if it did. A failure is only a warning: the turn goes on with the whole conversation."""
+    import openai
+
+    split = split_point(session.history, window)
+    if split is None:
+        print(
+            "warning: cannot compact: there is no earlier part to fold, or the latest fills the part kept",
+            file=sys.stderr,
+        )
+        return False
+    print(f"[compacting: the model summarizes {split - 1} older messages]", file=sys.stderr)
+    try:
+        summary = summarize(client, session.history[1:split], window)
+    except Exception as error:  # whatever the server does, the conversation is still whole
+        reason = describe(error) if isinstance(error, openai.APIError) else safe(str(error), 300)
+        print(f"warning: compaction failed ({reason}); going on with the whole conversation", file=sys.stderr)
+        return False
+    session.compact(summary, kept=len(session.history) - split)
+    print(f"[compacted: {split - 1} messages folded into a summary]", file=sys.stderr)
+    return True
 
 
 # ---- one model turn: stream the text, assemble the tool calls ----
@@ -1057,7 +1254,7 @@ def field(value: object, name: str, kind: type) -> object:
     raise Failure(f"the server sent a malformed stream ({name} is {type(got).__name__}); try again")
 
 
-def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, object]:
+def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> tuple[dict, str, object]:
     """Print text as it arrives; return (assistant message, finish_reason, usage)."""
 
     def stalled(signum: int, frame: object) -> None:
@@ -1069,12 +1266,12 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
     try:
         signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every step of progress below
         try:
-            stream = send(client, history)
+            stream = send(client, history, max_tokens)
         except UnicodeEncodeError:
             # A lone surrogate (half an emoji split between two chunks, a byte of
             # the command line that is not UTF-8) cannot be encoded: send the
             # history with split pairs joined and lone halves replaced.
-            stream = send(client, whole(history))
+            stream = send(client, whole(history), max_tokens)
         for chunk in stream:
             if chunk is None or isinstance(chunk, (list, str, int, float)):  # the SDK passes JSON that is no object
                 raise Failure("the server sent a malformed stream (an event that is not a JSON object); try again")
@@ -1115,7 +1312,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict]) -> tuple[dict, str, 
     except (Stalled, Exception) as error:
         # Whatever goes wrong after the finish chunk costs nothing of the answer.
         if finish_reason is None:
-            raise Failure(stream_failure(error)) from None
+            raise too_long(error) or Failure(stream_failure(error)) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
@@ -1155,11 +1352,11 @@ def held_back(text: str) -> int:
     return next((size for size in range(min(len(text), len(API_KEY) - 1), 0, -1) if text.endswith(API_KEY[:size])), 0)
 
 
-def send(client: openai.OpenAI, messages: list[dict]) -> object:
+def send(client: openai.OpenAI, messages: list[dict], max_tokens: int) -> object:
     """Start one streamed request for messages; return the stream."""
     return client.chat.completions.create(
         model=MODEL,
-        max_tokens=4096,
+        max_tokens=max_tokens,
         # Given messages=history, the SDK walks every message against its
         # type hints before sending (0.15 to 0.5 ms a message: seconds for a
         # long session). How this avoids it: the SDK builds the JSON body
@@ -1173,6 +1370,37 @@ def send(client: openai.OpenAI, messages: list[dict]) -> object:
         stream=True,
         stream_options={"include_usage": True},  # a stream carries usage only if asked
     )
+
+
+class TooLong(Failure):
+    """The server refused a request as longer than its context window; window is the size it named, if it did."""
+
+    def __init__(self, message: str, window: int | None) -> None:
+        super().__init__(message)
+        self.window = window
+
+
+# How DeepSeek, OpenAI, Kimi, Ollama and llama.cpp's server say that a request is
+# too long (HTTP 400), and how they name the window when they do.
+TOO_LONG = re.compile(r"context[ _-]?(length|size|window)|token limit|exceed_context_size", re.IGNORECASE)
+NAMED_WINDOW = re.compile(
+    r"(?:maximum context length is|context size \(|token limit:?|context (?:length|window) of)\s*([0-9][0-9,]*)",
+    re.IGNORECASE,
+)
+
+
+def too_long(error: BaseException) -> TooLong | None:
+    """A TooLong for a refusal that names the context window as the reason; None for anything else."""
+    import openai
+
+    if not isinstance(error, openai.APIStatusError) or error.status_code != 400:
+        return None
+    body = error.body if isinstance(error.body, dict) else {}
+    text = " ".join(str(body.get(key, "")) for key in ("message", "code", "type")) + f" {error.message}"
+    if not TOO_LONG.search(text):
+        return None
+    named = NAMED_WINDOW.search(text)
+    return TooLong(describe(error), int(named.group(1).replace(",", "")) if named else None)
 
 
 def stream_failure(error: BaseException) -> str:
@@ -1258,18 +1486,23 @@ def main(args: list[str]) -> int:
             raise Failure(
                 f"STREAM_TIMEOUT must be a number of seconds from 1 to 1000000, not {setting('STREAM_TIMEOUT')!r}"
             )
+        if not MAX_ROUNDS:
+            raise Failure(f"MAX_ROUNDS must be a whole number of rounds, at least 1, not {setting('MAX_ROUNDS')!r}")
+        window = context_window()
 
         if resume_id is not None:
             session = open_session(resume_id)
             print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
             session.history.append({"role": "user", "content": args[0]})
             session.save()
+            # Before the first request only an estimate: the API has not counted anything yet.
+            report_budget(estimate([session.history, registry.definitions()]), window, " · estimated")
         else:
             # The same system prompt first, every request: it is the cacheable prefix.
             session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": args[0]}])
             print(f"[new session {session.id}]", file=sys.stderr)
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
-        status = run(session)
+        status = run(session, window)
         print(hint.lstrip(), file=sys.stderr)
         return status
     except Failure as failure:
@@ -1281,16 +1514,46 @@ def main(args: list[str]) -> int:
         return 130
 
 
-def run(session: Session) -> int:
-    """The agent loop over a session: save after every round. Returns the exit status."""
+def run(session: Session, window: int) -> int:
+    """The agent loop over a session: save after every round, make room before
+    the window fills. Returns the exit status."""
     import openai  # here, not at the top: -list, -restore and -h never pay for importing the SDK
 
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     history = session.history
+    # The last count the API gave covers history[:counted]; what came after (tool
+    # results, a new request) is estimated. Until the API has spoken, all of it is.
+    used, counted = estimate(registry.definitions()), 0
     for round_number in range(1, MAX_ROUNDS + 1):
-        message, finish_reason, usage = stream_turn(client, sendable(history))
+        if used + estimate(history[counted:]) >= BUDGET_FRACTION * window:  # make room before the request
+            compact(client, session, window)
+            used, counted = estimate([history, registry.definitions()]), len(history)
+        try:
+            message, finish_reason, usage = stream_turn(client, sendable(history), reply_tokens(window))
+        except TooLong as refusal:
+            # The server's window is smaller than the table said, or the session grew
+            # too long before compaction: take the window it names (or guess one under
+            # what was sent), make room, and try once more. A second refusal ends the run.
+            window = min(window, refusal.window or int((used + estimate(history[counted:])) * 0.75))
+            print(
+                f"warning: {str(refusal).rstrip('.')}; making room for a {window:,}-token window and trying again",
+                file=sys.stderr,
+            )
+            if not compact(client, session, window):
+                raise
+            used, counted = estimate([history, registry.definitions()]), len(history)
+            message, finish_reason, usage = stream_turn(client, sendable(history), reply_tokens(window))
         history.append(message)  # the assistant message goes before its tool results
         prompt_tokens, cached = getattr(usage, "prompt_tokens", None), cached_tokens(usage)
+        completion_tokens = getattr(usage, "completion_tokens", None)
+        # What the API counted: the request, plus the reply that is now part of the history.
+        if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
+            used = prompt_tokens + completion_tokens
+            report_budget(used, window)
+        else:
+            used = estimate([history, registry.definitions()])
+            report_budget(used, window, " · estimated: the server reports no usage")
+        counted = len(history)
         prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else "?"
         if "tool_calls" not in message:
             session.save()
@@ -1315,7 +1578,10 @@ def run(session: Session) -> int:
                 result = registry.run(name, raw_arguments)
             history.append({"role": "tool", "tool_call_id": call["id"], "content": result})
         session.save()  # the assistant message and all its results in one write: never a call without results
-    print(f"stopped: reached the {MAX_ROUNDS}-round limit", file=sys.stderr)
+    print(
+        f'stopped: reached the {MAX_ROUNDS}-round limit (MAX_ROUNDS sets it); go on with: -c {session.id} "continue"',
+        file=sys.stderr,
+    )
     return 1
 
 
