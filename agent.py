@@ -25,6 +25,7 @@ import hashlib
 import io
 import itertools
 import json
+import mmap
 import os
 import re
 import selectors
@@ -997,78 +998,73 @@ def list_sessions() -> None:
         print(summary(path))
 
 
-# -list reads bytes, not records. A quote inside a JSON string is always
-# escaped, so these patterns can only match the structure of a record.
+# -list looks at the first bytes of each line, not at records: a quote inside a
+# JSON string is always escaped, so these can only match the start of a record.
 MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the book's Go edition
 META_LINE = (b'{"type": "meta"', b'{"type":"meta"')
 COMPACTION_LINE = (b'{"type": "compaction"', b'{"type":"compaction"')
-KNOWN_ROLE = re.compile(rb'"role": ?"(?:system|user|assistant|tool)"')
-USER_ROLE = re.compile(rb'"role": ?"user"')
+USER_ROLE = (b'"role": "user"', b'"role":"user"')
 
 
 def summary(path: Path) -> str:
-    """One -list line, from a scan of the file's bytes: no record goes through the loader."""
+    """One -list line, from the file's bytes: no record goes through the loader."""
     try:
-        modified = f"{datetime.fromtimestamp(path.stat().st_mtime):%Y-%m-%d %H:%M}"
-    except (OSError, ValueError, OverflowError):  # gone since the listing, or a time no calendar has
-        modified = "?"
-    try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there since the listing must not block
     except OSError as error:
-        return f"{path.stem}  modified {modified}  [unreadable: {error.strerror}]"
-    body = data[: data.rfind(b"\n") + 1]  # what follows the last newline is a torn tail
-    count, damaged = count_messages(body)
-    damage = (["torn tail"] if len(body) < len(data) else []) + (["damaged lines"] if damaged else [])
-    if COMPACTION_LINE[0] in body or COMPACTION_LINE[1] in body:
-        damage.insert(0, "compacted")  # not damage, but a mark of the same kind: the count is of the file
-    created, prompt = "?", ""
-    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        if body.startswith(META_LINE):
-            created = json.loads(body[: body.find(b"\n")])["created_at"][:16].replace("T", " ")
-        if user := USER_ROLE.search(body):  # the line holding the first user message
-            line = body[body.rfind(b"\n", 0, user.start()) + 1 : body.find(b"\n", user.end())]
-            prompt = " ".join(str(json.loads(line)["message"]["content"]).split())
+        return f"{path.stem}  [unreadable: {error.strerror}]"
+    with open(fd, "rb"):  # closes fd however this ends
+        status = os.fstat(fd)
+        try:
+            modified = f"{datetime.fromtimestamp(status.st_mtime):%Y-%m-%d %H:%M}"
+        except (ValueError, OverflowError, OSError):  # a time no calendar has
+            modified = "?"
+        if not stat.S_ISREG(status.st_mode) or not status.st_size:
+            return f"{path.stem}  created ?  modified {modified}     0 messages"
+        try:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+                count, marks, created, prompt = scan(data)
+        except (OSError, ValueError) as error:  # ValueError: the file shrank to nothing since fstat
+            return f"{path.stem}  modified {modified}  [unreadable: {getattr(error, 'strerror', None) or error}]"
     prompt = safe(prompt if len(prompt) <= 50 else prompt[:49] + "…")  # the file's text, not ours
-    mark = f"  [{', '.join(damage)}]" if damage else ""
+    mark = f"  [{', '.join(marks)}]" if marks else ""
     return f"{path.stem}  created {created}  modified {modified}  {count:>4} messages  {prompt}{mark}"
 
 
-def count_messages(body: bytes) -> tuple[int, bool]:
-    """(messages, any damaged line?) in complete lines. A healthy file written by
-    this program passes a few whole-buffer counts at C speed; any other file is
-    read line by line."""
-    lines, header = body.count(b"\n"), body.startswith(META_LINE)
-    starts = body.count(b'\n{"type": "message"') + body.startswith(b'{"type": "message"')
-    compactions = body.count(b'\n{"type": "compaction"')
-    if (
-        starts + header + compactions == lines == body.count(b"}\n")  # every line one whole record
-        and len(KNOWN_ROLE.findall(body)) == starts  # every message has one known role
-        and b'}{"type"' not in body  # no two records glued into one line
-        and (body.isascii() or utf8(body))
-    ):
-        return starts, False
-    count, damaged = 0, False
-    for number, line in enumerate(body.split(b"\n")[:-1], start=1):
-        line = line.rstrip(b"\r")
-        if (
-            line.startswith(MESSAGE_LINE)
-            and line.endswith(b"}")
-            and len(KNOWN_ROLE.findall(line)) == 1
-            and b'}{"type"' not in line
-            and utf8(line)
-        ):
+def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
+    """(message lines, marks, created, first request) of a session file.
+
+    It costs what reading the bytes costs, not a parse. How: the file is mapped,
+    not read, so nothing is copied; each newline is found by mmap.find (a
+    memchr in C); of a line only its first 64 bytes are looked at, and they name
+    the record's kind. Two lines are parsed: the header and the first request.
+    A line damaged inside (bad JSON, bytes that are not UTF-8) is the loader's
+    to find: a resume names it by number."""
+    count, compacted, damaged, created, prompt = 0, False, False, "?", ""
+    start = 0
+    while (end := data.find(b"\n", start)) >= 0:
+        head = data[start : min(end, start + 64)]
+        if head.startswith(MESSAGE_LINE):
             count += 1
-        elif line.strip() and not (number == 1 and line.startswith(META_LINE)) and not line.startswith(COMPACTION_LINE):
+            if not prompt and (USER_ROLE[0] in head or USER_ROLE[1] in head):
+                prompt = first_words(data[start:end])
+        elif head.startswith(COMPACTION_LINE):
+            compacted = True
+        elif start == 0 and head.startswith(META_LINE):
+            with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
+                created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
+        elif head.strip() or end - start > len(head):  # a blank line is no damage
             damaged = True
-    return count, damaged
+        start = end + 1
+    marks = ["compacted"] if compacted else []  # not damage, but a mark of the same kind: the count is of the file
+    marks += (["damaged lines"] if damaged else []) + (["torn tail"] if start < len(data) else [])
+    return count, marks, created, prompt
 
 
-def utf8(data: bytes) -> bool:
-    try:
-        data.decode()
-        return True
-    except UnicodeDecodeError:
-        return False
+def first_words(line: bytes) -> str:
+    """The text of a user message line, on one line; "" if it does not parse."""
+    with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
+        return " ".join(str(json.loads(line)["message"]["content"]).split())
+    return ""
 
 
 # ---- the context budget: how much of the model's window the conversation fills ----
@@ -1262,6 +1258,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> 
 
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
     shown_so_far = 0  # characters of text printed: the rest might be the start of the key
+    thought_shown = None  # characters of reasoning printed on stderr; None once its line is ended
     previous_handler = signal.signal(signal.SIGALRM, stalled)
     try:
         signal.setitimer(signal.ITIMER_REAL, STREAM_TIMEOUT)  # started again by every step of progress below
@@ -1283,12 +1280,18 @@ def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> 
                 continue
             choice = choices[0]
             delta = field(choice, "delta", object)  # null or missing: nothing new in this chunk
-            if content := field(delta, "content", str):
-                signal.setitimer(signal.ITIMER_REAL, 0)  # a slow reader of stdout is not a silent server
-                shown_so_far = show_redacted(text, content)
-                text += content
+            # A thinking model reasons for seconds or minutes before the answer's first
+            # word: show it as it comes, on stderr, so the terminal does not look hung.
+            if thought := field(delta, "reasoning_content", str):
+                thought_shown = show_redacted(reasoning, thought, think)
             # DeepSeek's thinking mode wants its reasoning back on tool-call turns: keep it.
-            reasoning += (thought := field(delta, "reasoning_content", str) or "")
+            reasoning += thought or ""
+            if content := field(delta, "content", str):
+                end_thought(reasoning, thought_shown)  # the answer starts on a line of its own
+                thought_shown = None
+                signal.setitimer(signal.ITIMER_REAL, 0)  # a slow reader of stdout is not a silent server
+                shown_so_far = show_redacted(text, content, show)
+                text += content
             pieces = field(delta, "tool_calls", list) or []
             for piece in pieces:
                 # A call arrives in fragments: id and name first, then the
@@ -1316,6 +1319,7 @@ def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
+        end_thought(reasoning, thought_shown)
         if text:
             show(safe(redact(text[shown_so_far:])) + "\n")  # what was held back, and the end of the line
     # A stream can simply stop (a proxy, a crash): no finish_reason means
@@ -1334,15 +1338,33 @@ def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> 
     return message, finish_reason, usage
 
 
-def show_redacted(text: str, content: str) -> int:
-    """Print content, which follows text, with the key removed; return how much of
+def show_redacted(text: str, content: str, write: Callable[[str], None]) -> int:
+    """Write content, which follows text, with the key removed; return how much of
     text + content is printed. The key can arrive split across chunks: a tail of
     the text that could be its beginning waits for the next chunk (or the end)."""
     whole_text = text + content
     start = len(text) - held_back(text)  # where the printing stopped last time
     ready = len(whole_text) - held_back(whole_text)
-    show(safe(redact(whole_text[start:ready])))
+    write(safe(redact(whole_text[start:ready])))
     return ready
+
+
+# Reasoning is dimmed (SGR 2, then 0 to reset) on a terminal, unless NO_COLOR asks
+# for no colours (https://no-color.org: set and not empty).
+DIM, UNDIM = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() and not os.environ.get("NO_COLOR") else ("", "")
+
+
+def think(text: str) -> None:
+    """Print a piece of the model's reasoning on stderr: stdout stays the answer alone."""
+    if text:
+        print(f"{DIM}{text}{UNDIM}", end="", file=sys.stderr, flush=True)
+
+
+def end_thought(reasoning: str, shown: int | None) -> None:
+    """End the reasoning's line on stderr, with what was held back of it; None: nothing to end."""
+    if shown is not None:
+        think(safe(redact(reasoning[shown:])))
+        print(file=sys.stderr, flush=True)
 
 
 def held_back(text: str) -> int:

@@ -329,13 +329,17 @@ def test_list_shows_every_session_with_its_details(provider: FakeProvider, workd
     assert "a damaged one" in line
 
 
-# Complete middle lines the loader skips as damaged (see test_sessions_inputs.py). -list must mark
-# each one, and count only the messages a resume would load.
-DAMAGED_LINES = {
+# Complete middle lines the loader skips as damaged (see test_sessions_inputs.py). -list reads
+# only the first bytes of each line: a line that is no record at all is marked and not counted;
+# a message line damaged inside is counted, and left to the resume, which names it.
+NOT_A_RECORD = {
     "garbage": b"this line is not JSON",
     "NUL run": b"\0" * 64,
-    "not UTF-8": b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}',
     "unknown record": b'{"type": "title", "title": "my session"}',
+    "indented": b'  {"type": "message", "message": {"role": "user", "content": "indented"}}',
+}
+DAMAGED_INSIDE = {
+    "not UTF-8": b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}',
     "two records glued": message_line({"role": "user", "content": "glued"}).rstrip(b"\n")
     + message_line({"role": "assistant", "content": "together"}).rstrip(b"\n"),
     "message without a role": b'{"type": "message", "message": {"content": "who said this?"}}',
@@ -343,40 +347,42 @@ DAMAGED_LINES = {
 }
 
 
-def damaged_sessions(workdir: Path) -> dict[str, str]:
+def damaged_sessions(workdir: Path, lines: dict[str, bytes]) -> dict[str, str]:
     """One session per kind of damaged line, each with 3 loadable messages; kind -> ID."""
     ids = {}
-    for number, (kind, bad) in enumerate(DAMAGED_LINES.items()):
+    for number, (kind, bad) in enumerate(lines.items()):
         session_id = f"20260804-12000{number}-0000000{number}"
         path = hand_written(workdir, session_id, f"prompt of {kind}")
-        lines = path.read_bytes().split(b"\n")
-        lines.insert(3, bad)  # between the user message and the answer
-        path.write_bytes(b"\n".join(lines))
+        lines_of_file = path.read_bytes().split(b"\n")
+        lines_of_file.insert(3, bad)  # between the user message and the answer
+        path.write_bytes(b"\n".join(lines_of_file))
         ids[kind] = session_id
     return ids
 
 
-def test_list_marks_every_kind_of_damaged_line(workdir: Path) -> None:
-    ids = damaged_sessions(workdir)
+def test_list_marks_a_line_that_is_no_record_and_does_not_count_it(workdir: Path) -> None:
+    ids = damaged_sessions(workdir, NOT_A_RECORD)
     result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
-    unmarked = {kind: list_line(result.stdout, i) for kind, i in ids.items()}
-    unmarked = {kind: line for kind, line in unmarked.items() if "damaged lines" not in line}
-    assert not unmarked, "-list shows damaged sessions as healthy (a resume warns about them):\n" + "\n".join(
-        f"  {kind}: {line}" for kind, line in unmarked.items()
-    )
     for kind, session_id in ids.items():
-        assert f"prompt of {kind}" in list_line(result.stdout, session_id)
+        line = list_line(result.stdout, session_id)
+        assert "damaged lines" in line, f"{kind}: -list shows a damaged session as healthy: {line}"
+        assert count_of(line) == 3, f"{kind}: a resume loads 3 messages: {line}"
+        assert f"prompt of {kind}" in line, line
 
 
-def test_list_counts_the_messages_a_resume_loads(workdir: Path) -> None:
-    ids = damaged_sessions(workdir)
+def test_list_leaves_a_line_damaged_inside_to_the_resume(provider: FakeProvider, workdir: Path) -> None:
+    """-list counts it as the message line it starts as; resuming finds it and names it."""
+    ids = damaged_sessions(workdir, DAMAGED_INSIDE)
     result = run_agent("final", "-list", provider=None, cwd=workdir)
     assert_ok(result)
-    counts = {kind: count_of(list_line(result.stdout, i)) for kind, i in ids.items()}
-    assert counts == dict.fromkeys(ids, 3), (
-        "-list counts a damaged line as a message; resuming loads 3 messages from each of these sessions"
-    )
+    for kind, session_id in ids.items():
+        line = list_line(result.stdout, session_id)
+        assert count_of(line) == 4 and "damaged" not in line and f"prompt of {kind}" in line, f"{kind}: {line}"
+    provider.script(text("ok"))
+    resumed = run_agent("final", "-c", ids["not UTF-8"], "next", provider=provider, cwd=workdir)
+    assert_ok(resumed)
+    assert "damaged line(s) 4 of" in resumed.stderr and "3 messages]" in resumed.stderr, resumed.stderr
 
 
 def test_list_with_no_sessions_says_so(workdir: Path) -> None:
