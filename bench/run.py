@@ -156,7 +156,7 @@ def yes_no(ok: bool) -> str:
 
 def figure_save_bytes(tmp: Path) -> list[Row]:
     """1. Bytes written by one save ÷ bytes of the new records, 3,000-message history."""
-    say("1/7 bytes written by one save (3,000-message history)")
+    say("1/8 bytes written by one save (3,000-message history)")
     work = tmp / "save-bytes"
     work.mkdir()
     sid = workload.session_id(1)
@@ -207,7 +207,7 @@ def figure_save_bytes(tmp: Path) -> list[Row]:
 
 def figure_save_time(tmp: Path, saves: int = 300) -> list[Row]:
     """2. Time of one save into a 20,000-message history ÷ into a 20-message one."""
-    say(f"2/7 save time, 20,000 vs 20 messages ({saves} saves each, fsync included)")
+    say(f"2/8 save time, 20,000 vs 20 messages ({saves} saves each, fsync included)")
     work = tmp / "save-time"
     work.mkdir()
     small, big = workload.session_id(2), workload.session_id(3)
@@ -227,18 +227,24 @@ def figure_save_time(tmp: Path, saves: int = 300) -> list[Row]:
     return [("Save time, 20,000-message history ÷ 20-message history", value, "≤ 1.5", yes_no(ratio <= 1.5))]
 
 
+# The floor of a resume: every record parsed, and the messages serialized once,
+# as the SDK serializes a request body (openai._utils._json.openapi_dumps).
 BARE_PASS = """\
 import json, sys
 with open(sys.argv[1], "rb") as file:
     records = [json.loads(line) for line in file]
+messages = [record["message"] for record in records if record.get("type") == "message"]
+body = json.dumps(messages, ensure_ascii=False, separators=(",", ":")).encode()
 sys.stdout.write("x")
 sys.stdout.flush()
 """
+# A window as large as the session: nothing is compacted, the request carries the whole history.
+NO_COMPACTION = {"CONTEXT_WINDOW": str(10**9)}
 
 
 def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
-    """3. Resume (load + first request sent) of a ~50 MB session ÷ a bare json.loads pass; peak memory."""
-    say("3/7 resume of a ~50 MB session (building it)")
+    """3. Resume (load + first request sent) of a ~50 MB session ÷ a bare json.loads + json.dumps pass; memory."""
+    say("3/8 resume of a ~50 MB session (building it)")
     work = tmp / "resume"
     work.mkdir()
     body, count = workload.body_of_size(50 * MB)
@@ -252,9 +258,9 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
     request_at: dict[str, list[float]] = {big: [], tiny: []}
     with TimedProvider() as provider:
         provider.validate = False  # the provider's own work on a 50 MB request is not the agent's
-        env = agent_env(tmp, provider.url)
+        env = {**agent_env(tmp, provider.url), **NO_COMPACTION}
         for number in range(repeats):
-            say(f"3/7 resume, end to end, round {number + 1}/{repeats}")
+            say(f"3/8 resume, end to end, round {number + 1}/{repeats}")
             for sid in (tiny, big) if number % 2 else (big, tiny):
                 provider.script(text("ok"))
                 result = checked(run([PYTHON, AGENT, "-c", sid, "next"], work, env, memory=True), f"agent -c {sid}")
@@ -266,7 +272,7 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
                 bare = checked(run([PYTHON, "-c", BARE_PASS, path], work, env, until_stdout=True, memory=True), "bare")
                 bare_runs[sid].append(bare)
             provider.requests.clear()  # 50 MB each: keep only what is needed
-    say("3/7 resume, in-process breakdown")
+    say("3/8 resume, in-process breakdown")
     steps = json.loads(
         checked(run([PYTHON, BENCH / "save_child.py", AGENT, "resume", big], work, env), "resume child").stdout
     )
@@ -280,7 +286,8 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
     value = (
         f"{ratio:.2f} ({agent_cost:.2f} s vs {bare_cost:.2f} s, medians of {repeats}; {size / MB:.1f} MB, "
         f"{count:,} messages; end to end: from starting `agent.py -c ID next` to the request body received, "
-        f"minus the same for a 4-message session; the bare pass likewise, in its own process)"
+        f"minus the same for a 4-message session; the floor likewise, in its own process: every line through "
+        f"`json.loads`, then the messages through one `json.dumps` as the SDK makes a request body)"
     )
     load = steps["open_session"] / steps["bare"]
     floor = steps["open_session"] + steps["sendable"] + steps["serialize"]
@@ -295,7 +302,7 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
     )
     return [
         (
-            "Resume of a ~50 MB session (load + first request sent) ÷ bare `json.loads` pass",
+            "Resume of a ~50 MB session (load + first request sent) ÷ bare `json.loads` + `json.dumps` pass",
             value,
             "≤ 1.3",
             yes_no(ratio <= 1.3),
@@ -311,62 +318,92 @@ for name in sorted(os.listdir(sys.argv[1])):
     with open(os.path.join(sys.argv[1], name), "rb") as file:
         records = [json.loads(line) for line in file]
 """
+BARE_READ_ALL = """\
+import os, sys
+for name in sorted(os.listdir(sys.argv[1])):
+    with open(os.path.join(sys.argv[1], name), "rb") as file:
+        data = file.read()
+"""
 
 
 def figure_list(tmp: Path, sessions: int = 1000, runs: int = 5) -> list[Row]:
-    """4. -list over 1,000 sessions of 100 messages: coding sessions (tool output), then plain chats."""
-    say(f"4/7 -list over {sessions:,} sessions of 100 messages")
+    """4. -list over 1,000 sessions of 100 messages ÷ a bare json.loads pass over the same files; its growth."""
     rows = []
     for kind, make in (("coding sessions", workload.messages), ("plain chats", workload.chat_messages)):
+        say(f"4/8 -list over {sessions:,} {kind} of 100 messages")
         work = tmp / "list" / kind.replace(" ", "-")
-        work.mkdir(parents=True)
         bodies = [b"".join(workload.record(m) for m in make(100, seed=seed)) for seed in range(10)]
-        total = 0
-        for number in range(sessions):
-            body = bodies[number % 10]
-            total += (
-                workload.write_session(work / ".sessions", workload.session_id(100 + number), body=body).stat().st_size
-            )
         env = agent_env(tmp)
-        warm = checked(run([PYTHON, AGENT, "-list"], work, env), "-list")  # not counted: a warm-up, as after any use
-        lines = warm.stdout.decode().count("\n")
-        if lines != sessions:
-            raise SystemExit(f"bench: -list printed {lines} lines for {sessions} sessions")
-        listings = [checked(run([PYTHON, AGENT, "-list"], work, env), "-list") for _ in range(runs)]
-        listing = statistics.median(r.seconds for r in listings)
-        cpu = statistics.median(r.cpu for r in listings)
-        bare = median_time([PYTHON, "-c", "pass"], work, env, runs)
-        # For scale: parsing every line of every file, which exact counts and damage marks would need.
-        parse = median_time([PYTHON, "-c", BARE_PASS_ALL, work / ".sessions"], work, env, 3)
+        times: dict[str, list[float]] = {}  # -list, the json pass, a read of the bytes: at half and all the sessions
+        sizes = []
+        for part, count in (("half", sessions // 2), ("all", sessions)):
+            directory = work / part / ".sessions"
+            sizes.append(
+                sum(
+                    workload.write_session(directory, workload.session_id(100 + n), body=bodies[n % 10]).stat().st_size
+                    for n in range(count)
+                )
+            )
+            warm = checked(run([PYTHON, AGENT, "-list"], directory.parent, env), "-list")  # a warm-up, not counted
+            if (lines := warm.stdout.decode().count("\n")) != count:
+                raise SystemExit(f"bench: -list printed {lines} lines for {count} sessions")
+            for _ in range(runs):  # interleaved: drift hits all three alike
+                for name, command in (
+                    ("list", [PYTHON, AGENT, "-list"]),
+                    ("parse", [PYTHON, "-c", BARE_PASS_ALL, directory]),
+                    ("read", [PYTHON, "-c", BARE_READ_ALL, directory]),
+                ):
+                    times.setdefault(f"{name} {part}", []).append(
+                        checked(run(command, directory.parent, env), name).seconds
+                    )
+        best = {name: statistics.median(values) for name, values in times.items()}
+        ratio = best["list all"] / best["parse all"]
+        grown = sizes[1] - sizes[0]
+        slope = {
+            name: (best[f"{name} all"] - best[f"{name} half"]) / (grown / MB) * 1e3
+            for name in ("list", "parse", "read")
+        }
         value = (
-            f"{listing:.3f} s wall, {cpu:.3f} s CPU, median of {runs} = {listing / bare:.1f}× `python -c pass` "
-            f"({bare * 1e3:.0f} ms); {total / MB:.0f} MB of sessions ({total / MB / listing:.0f} MB/s); "
-            f"a bare `json.loads` pass over the same files takes {parse:.2f} s"
+            f"{ratio:.2f} ({best['list all']:.3f} s vs {best['parse all']:.2f} s, medians of {runs}, each in its "
+            f"own process; {sizes[1] / MB:.0f} MB). Growth per MB, from {sessions // 2:,} to {sessions:,} "
+            f"sessions: `-list` {slope['list']:.2f} ms, reading the bytes {slope['read']:.2f} ms, the "
+            f"`json.loads` pass {slope['parse']:.2f} ms"
         )
-        rows.append((f"`-list` over {sessions:,} {kind} of 100 messages", value, "< 0.5 s", yes_no(listing < 0.5)))
+        met = ratio <= 0.3 and slope["list"] <= 0.3 * slope["parse"]
+        rows.append(
+            (
+                f"`-list` over {sessions:,} {kind} of 100 messages ÷ bare `json.loads` pass",
+                value,
+                "≤ 0.3, growth too",
+                yes_no(met),
+            )
+        )
     return rows
 
 
 def figure_bash_memory(tmp: Path) -> list[Row]:
-    """5. Peak RSS of the agent while a bash command prints for 5 s."""
-    say("5/7 peak memory while `timeout 5 yes` prints for 5 s")
+    """5. Peak RSS of the agent while a bash command prints gigabytes, over the same run with `echo hi`."""
+    say("5/8 peak memory while `cat` prints a 4 GiB file")
     work = tmp / "bash"
     work.mkdir()
+    # A sparse file: gigabytes to print, no disk. `cat` of a file inside the working
+    # directory runs without a question, so no terminal is needed to answer one.
+    with open(work / "big", "wb") as file:
+        file.truncate(4 << 30)
     results: dict[str, Run] = {}
     printed = 0
-    for name, command in (("baseline", {"command": "echo hi"}), ("yes", {"command": "timeout 5 yes", "timeout": 10})):
+    for name, command in (("baseline", {"command": "echo hi"}), ("cat", {"command": "cat big", "timeout": 60})):
         with TimedProvider() as provider:
             provider.script(tool_call("bash", command), text("done"))
-            # The gate asks before `timeout 5 yes` runs: answer y on stdin.
             env = agent_env(tmp, provider.url)
-            results[name] = checked(run([PYTHON, AGENT, "go"], work, env, b"y\n", memory=True), name)
+            results[name] = checked(run([PYTHON, AGENT, "go"], work, env, memory=True), name)
             result = provider.chat_requests[1]["messages"][-1]["content"]
-        if name == "yes":
+        if name == "cat":
             match = re.search(r"first (\d+) bytes truncated", result)
             if not match:
                 raise SystemExit(f"bench: the bash tool's output was not truncated: {result[:200]!r}")
             printed = int(match.group(1))
-    peak, base = results["yes"].maxrss, results["baseline"].maxrss
+    peak, base = results["cat"].maxrss, results["baseline"].maxrss
     # What the interpreter and the SDK cost before the agent does anything.
     bare = checked(run([PYTHON, "-c", "pass"], work, agent_env(tmp), memory=True), "python").maxrss
     sdk = checked(run([PYTHON, "-c", "import openai"], work, agent_env(tmp), memory=True), "import openai").maxrss
@@ -375,12 +412,15 @@ def figure_bash_memory(tmp: Path) -> list[Row]:
         f"({base / MB:.1f} MB), while the command printed {printed / 1e9:.1f} GB. For scale: "
         f"`python -c pass` {bare / MB:.1f} MB, `python -c 'import openai'` {sdk / MB:.1f} MB"
     )
-    return [("Peak RSS of the agent while bash prints for 5 s", value, "≤ 50 MB", yes_no(peak <= 50 * MB))]
+    grown = peak - base
+    return [
+        ("Peak RSS of the agent while bash prints 4 GiB, over `echo hi`", value, "≤ +1 MB", yes_no(grown <= 1 * MB))
+    ]
 
 
 def figure_stream_delay(tmp: Path, runs: int = 7) -> list[Row]:
     """6. Fake provider writes the first text chunk → the chunk on the agent's stdout."""
-    say(f"6/7 streaming delay ({runs} runs)")
+    say(f"6/8 streaming delay ({runs} runs)")
     work = tmp / "stream"
     work.mkdir()
     delays = []
@@ -414,7 +454,7 @@ def figure_stream_delay(tmp: Path, runs: int = 7) -> list[Row]:
 
 def figure_startup(tmp: Path, runs: int = 11) -> list[Row]:
     """7. Start-up of `agent.py -h` and `-list` (no sessions) ÷ `python -c pass`."""
-    say(f"7/7 start-up time ({runs} runs each)")
+    say(f"7/8 start-up time ({runs} runs each)")
     work = tmp / "startup"
     work.mkdir()
     env = agent_env(tmp)
@@ -437,6 +477,47 @@ def figure_startup(tmp: Path, runs: int = 11) -> list[Row]:
         label = "`agent.py -h`" if name == "-h" else "`agent.py -list` (no sessions)"
         rows.append((f"Start-up of {label} ÷ `python -c pass`", value, "report; no openai import", yes_no(not heavy)))
     return rows
+
+
+def figure_compacted(tmp: Path, window: int = 32_000) -> list[Row]:
+    """8. The request of a session resumed after a compaction, as its file grows from 5 MB to 50 MB."""
+    work = tmp / "compacted"
+    work.mkdir()
+    sizes, requests, seconds = [], [], []
+    with TimedProvider() as provider:
+        env = {**agent_env(tmp, provider.url), "CONTEXT_WINDOW": str(window)}
+        for number, size in ((6, 5 * MB), (7, 50 * MB)):
+            say(f"8/8 resume after a compaction, {size // MB} MB session")
+            body, count = workload.body_of_size(size, seed=number)
+            tail = [json.loads(line)["message"] for line in body.splitlines()[-40:]]
+            kept = len(tail) - max(i for i, m in enumerate(tail) if m["role"] == "user")  # the last round
+            summary = "The user asked for a refactor of the session loader; done so far: " + "tests pass. " * 150
+            body += json.dumps({"type": "compaction", "summary": summary, "kept": kept}).encode() + b"\n"
+            sid = workload.session_id(number)
+            sizes.append(workload.write_session(work / ".sessions", sid, body=body).stat().st_size)
+            provider.script(text("ok"))
+            result = checked(run([PYTHON, AGENT, "-c", sid, "next"], work, env), f"agent -c {sid}")
+            seconds.append(provider.body_received[-1] - result.started)
+            messages = provider.chat_requests[-1]["messages"]
+            if len(messages) != 1 + 1 + kept + 1 or summary not in messages[1]["content"]:
+                raise SystemExit(f"bench: the request after a compaction is not the compacted view ({len(messages)})")
+            requests.append(len(json.dumps(provider.chat_requests[-1])))
+            provider.requests.clear()
+    tokens = max(requests) / 4  # the fake provider's measure: 4 bytes a token
+    value = (
+        f"{requests[0]:,} B and {requests[1]:,} B (about {tokens:,.0f} tokens, window {window:,}) for session "
+        f"files of {sizes[0] / MB:.0f} MB and {sizes[1] / MB:.0f} MB whose last record is a compaction; the "
+        f"resume, start to request received, {seconds[0]:.2f} s and {seconds[1]:.2f} s (the file is still read whole)"
+    )
+    same = abs(requests[1] - requests[0]) < window  # the views differ only by their last round
+    return [
+        (
+            "Request after a compaction, 5 MB vs 50 MB session file",
+            value,
+            "≤ window, flat",
+            yes_no(same and tokens <= window),
+        )
+    ]
 
 
 # ---- the machine, and the table ----
@@ -470,6 +551,7 @@ FIGURES = [
     figure_bash_memory,
     figure_stream_delay,
     figure_startup,
+    figure_compacted,
 ]
 
 
