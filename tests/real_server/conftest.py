@@ -1,0 +1,113 @@
+"""Fixtures of the real-server tier: llama-server processes shared by a session, a proxy per test.
+
+    python3 tests/real_server/setup.py && python3 -m pytest -n0 -m real_server tests/real_server
+
+The tier needs what setup.py builds into the cache, and it runs only when it
+is asked for: with -m real_server, or a path in this directory on the command
+line. Otherwise every test here is skipped with one reason that names the
+command: a plain `python3 -m pytest` never starts a server. -n0 runs it
+serially, in one process: each xdist worker would start servers of its own.
+
+The servers (started on first use, stopped at the end): a 4096-token one with
+the tools template for agent.py and chapter 5, a 1024-token one with the same
+template for the test that overflows it, and a 4096-token one with the plain
+chat template for chapters 1 to 3.
+
+This directory is a package (__init__.py), so this file is imported as
+real_server.conftest and `import conftest` in the tests still finds
+tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from . import setup as build
+from .server import CHAT_TEMPLATE, TOOLS_TEMPLATE, LlamaServer, Proxy
+
+HERE = Path(__file__).resolve().parent
+COMMAND = f"{build.COMMAND} && python3 -m pytest -n0 -m real_server tests/real_server"
+WINDOW = 4096  # the window of the server most tests use
+SMALL_WINDOW = 1024  # the window the overflow test fills
+
+
+def asked_for(config: pytest.Config) -> bool:
+    """Was the tier asked for: -m real_server, or a path in this directory on the command line?"""
+    if "real_server" in (config.getoption("markexpr", "") or ""):
+        return True
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path == HERE or HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test of this directory is marked real_server, and skipped with one reason
+    if the cache is not ready or the tier was not asked for."""
+    ours = [item for item in items if HERE in item.path.parents]
+    if not ours:
+        return
+    reason = build.missing()
+    if reason:
+        reason = f"{reason}: run {COMMAND}"
+    elif not asked_for(config):
+        reason = f"the real-server tier runs only when asked for: {COMMAND}"
+    for item in ours:
+        item.add_marker(pytest.mark.real_server)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def llama_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int, Path], LlamaServer]]:
+    """llama_servers(ctx, template): the server with that window and template, started on first use."""
+    servers: dict[tuple[int, Path], LlamaServer] = {}
+
+    def get(ctx: int, template: Path = TOOLS_TEMPLATE) -> LlamaServer:
+        if (ctx, template) not in servers:
+            log = tmp_path_factory.mktemp(f"llama-server-{ctx}-{template.stem}") / "server.log"
+            servers[ctx, template] = LlamaServer(ctx, log, template)
+        return servers[ctx, template]
+
+    yield get
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture
+def proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Proxy]:
+    """A proxy in front of the 4096-token server with the tools template."""
+    with Proxy(llama_servers(WINDOW, TOOLS_TEMPLATE)) as p:
+        yield p
+
+
+@pytest.fixture
+def small_proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Proxy]:
+    """A proxy in front of the 1024-token server with the tools template."""
+    with Proxy(llama_servers(SMALL_WINDOW, TOOLS_TEMPLATE)) as p:
+        yield p
+
+
+@pytest.fixture
+def chat_proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Proxy]:
+    """A proxy in front of the 4096-token server with the plain chat template."""
+    with Proxy(llama_servers(WINDOW, CHAT_TEMPLATE)) as p:
+        yield p
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[Callable[[], LlamaServer]]:
+    """Servers of this test's own, to kill: fresh_server() starts one; all are stopped at the end."""
+    started: list[LlamaServer] = []
+
+    def start() -> LlamaServer:
+        started.append(LlamaServer(WINDOW, tmp_path / f"server-{len(started)}.log"))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
