@@ -9,7 +9,7 @@ atomic writes, and streams, files and settings read as the untrusted things
 they are. exercises/production/README.md walks through every addition; its
 table of contents is
 
-    diff -u exercises/ex11/agent.py agent.py
+    diff -u exercises/ex13/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
@@ -994,8 +994,11 @@ def list_sessions() -> None:
     sessions = sorted(session_files().values(), key=modified_at)
     if not sessions:
         print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
-    for path in sessions:
-        print(summary(path))
+    try:
+        for path in sessions:
+            print(summary(path))
+    except BrokenPipeError:  # `-list | head`: the reader has all it wants
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush fails quietly too
 
 
 # -list looks at the first bytes of each line, not at records: a quote inside a
@@ -1052,7 +1055,7 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
         elif start == 0 and head.startswith(META_LINE):
             with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                 created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
-        elif head.strip() or end - start > len(head):  # a blank line is no damage
+        elif head.strip() or data[start:end].strip():  # a blank line is no damage
             damaged = True
         start = end + 1
     marks = ["compacted"] if compacted else []  # not damage, but a mark of the same kind: the count is of the file
@@ -1175,16 +1178,19 @@ def split_point(history: list[dict], window: int) -> int | None:
     return split or round_split
 
 
-def summarize(client: openai.OpenAI, messages: list[dict], window: int) -> str:
+def summarize(client: openai.OpenAI, messages: list[dict], window: int, carried: str = "") -> str:
     """The model's own summary of messages, from a request with no tools: it can only
     write. Long texts are cut to their head and tail, shorter and shorter, until the
     request fits the window with room for the reply. A part too long even so (after
     a server refused a session grown far past its window) is summarized in halves:
-    the first half's summary stands in for it when the second half is summarized."""
+    the first half's summary is carried, whole, into the request for the second."""
     reply = min(1024, window // 4)
     limit = window * 4  # characters of one message's text (about 4 a token); halved until it fits
     while True:
-        transcript = "\n\n".join(f"{m['role']}: {shortened(text_of(m), limit)}" for m in messages)
+        transcript = "\n\n".join(
+            ([f"[summary of what came before]\n{carried}"] if carried else [])
+            + [f"{m['role']}: {shortened(text_of(m), limit)}" for m in messages]
+        )
         request = [{"role": "user", "content": f"{transcript}\n\n{SUMMARY_INSTRUCTION}"}]
         if estimate(request) + reply <= window:
             break
@@ -1192,11 +1198,13 @@ def summarize(client: openai.OpenAI, messages: list[dict], window: int) -> str:
             if len(messages) <= 2:
                 raise Failure("the older messages do not fit one summary request, however shortened")
             half = len(messages) // 2
-            first = folded([], summarize(client, messages[:half], window), 0)  # the summary as a message
-            return summarize(client, first + messages[half:], window)
+            return summarize(client, messages[half:], window, summarize(client, messages[:half], window, carried))
         limit //= 2
-    # whole(): the transcript may hold half an emoji, which the SDK cannot encode.
-    response = client.chat.completions.create(model=MODEL, max_tokens=reply, messages=whole(request))
+    # whole(): the transcript may hold half an emoji, which the SDK cannot encode. The
+    # reply is not streamed, so STREAM_TIMEOUT bounds it as a whole (the SDK waits 600 s).
+    response = client.chat.completions.create(
+        model=MODEL, max_tokens=reply, messages=whole(request), timeout=STREAM_TIMEOUT
+    )
     choices = getattr(response, "choices", None)
     summary = (
         getattr(getattr(choices[0], "message", None), "content", None)
@@ -1253,7 +1261,7 @@ class Stalled(BaseException):
     A BaseException: some SDK releases catch Exception around a request to retry it."""
 
 
-TURN_CAP = 1_000_000  # characters in one reply: with max_tokens=4096, more is a server gone wrong
+TURN_CAP = 1_000_000  # characters in one reply: with max_tokens at most 4096, more is a server gone wrong
 
 
 def field(value: object, name: str, kind: type) -> object:
@@ -1417,8 +1425,10 @@ class TooLong(Failure):
         self.window = window
 
 
-# How DeepSeek, OpenAI, Kimi, Ollama and llama.cpp's server say that a request is
-# too long (HTTP 400), and how they name the window when they do.
+# How DeepSeek, OpenAI, Kimi and llama.cpp's server say that a request is too long
+# (HTTP 400), and how they name the window when they do; a server that names no
+# number ("the input length exceeds the context length", as Ollama says when it is
+# not left to cut the prompt itself) is matched too.
 TOO_LONG = re.compile(r"context[ _-]?(length|size|window)|token limit|exceed_context_size", re.IGNORECASE)
 NAMED_WINDOW = re.compile(
     r"(?:maximum context length is|context size \(|token limit:?|context (?:length|window) of)\s*([0-9][0-9,]*)",

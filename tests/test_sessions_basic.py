@@ -14,13 +14,15 @@ import json
 import os
 import re
 import stat
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_clean_failure, run_agent
+from conftest import assert_clean_failure, hermetic_env, program, run_agent
 from fake_provider import FakeProvider, Reply, text, tool_call
 from helpers import (
     NEW_SESSION,
@@ -369,6 +371,27 @@ def test_list_marks_a_line_that_is_no_record_and_does_not_count_it(workdir: Path
         assert "damaged lines" in line, f"{kind}: -list shows a damaged session as healthy: {line}"
         assert count_of(line) == 3, f"{kind}: a resume loads 3 messages: {line}"
         assert f"prompt of {kind}" in line, line
+
+
+def test_list_takes_blank_lines_of_any_length_as_no_damage(workdir: Path) -> None:
+    """A resume skips blank lines silently; -list does not mark them, however long."""
+    ids = damaged_sessions(workdir, {"short blank": b"   ", "long blank": b" \t" * 100})
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
+    assert_ok(result)
+    for kind, session_id in ids.items():
+        line = list_line(result.stdout, session_id)
+        assert count_of(line) == 3 and "[" not in line.split("messages", 1)[1], f"{kind}: {line}"
+
+
+def test_list_into_a_pipe_closed_early_ends_quietly(workdir: Path) -> None:
+    """`-list | head -n 1` with more sessions than a pipe holds: the first line, exit 0, nothing on stderr."""
+    for number in range(3000):  # 300 KB of lines: more than a pipe holds
+        hand_written(workdir, f"20260805-120000-{number:08x}", f"prompt {number}")
+    env = hermetic_env(None, workdir.parent)
+    command = f"{sys.executable} {program('final')} -list | head -n 1; exit ${{PIPESTATUS[0]}}"
+    result = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("20260805-120000-") and result.stdout.count("\n") == 1, result.stdout
 
 
 def test_list_leaves_a_line_damaged_inside_to_the_resume(provider: FakeProvider, workdir: Path) -> None:
