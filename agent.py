@@ -1426,9 +1426,9 @@ class TooLong(Failure):
 
 
 # How DeepSeek, OpenAI, Kimi and llama.cpp's server say that a request is too long
-# (HTTP 400), and how they name the window when they do; a server that names no
-# number ("the input length exceeds the context length", as Ollama says when it is
-# not left to cut the prompt itself) is matched too.
+# (HTTP 400), and how they name the window when they do; a refusal that names no
+# number ("the input length exceeds the context length") is matched too. Ollama by
+# default does not refuse: it cuts the prompt to its num_ctx itself.
 TOO_LONG = re.compile(r"context[ _-]?(length|size|window)|token limit|exceed_context_size", re.IGNORECASE)
 NAMED_WINDOW = re.compile(
     r"(?:maximum context length is|context size \(|token limit:?|context (?:length|window) of)\s*([0-9][0-9,]*)",
