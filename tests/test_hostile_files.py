@@ -1,11 +1,12 @@
 """Hostile input, part 3: damaged or strange files (agent.py).
 
 The files the tools touch and the session files the agent reads back are not
-trusted either: /dev/zero, a FIFO, a directory, a 5 MB file, a symlink loop,
-a name of 30 Chinese characters, a read-only file, a full disk, a session
-line nested 100,000 deep, a FIFO or a dangling symlink where a session should
-be, a .env someone else can write, .trash or .sessions as a symlink that leads
-out, a FIFO for -restore, a name that is not UTF-8. Each must end in a clean
+trusted either: /dev/zero, a FIFO (also where a file read before was), a
+directory, a 5 MB file, a symlink loop, a name of 30 Chinese characters, a
+read-only file, a full disk, a session line nested 100,000 deep, a FIFO or a
+dangling symlink where a session should be, a .env someone else can write (or
+overruled by a variable set empty), .trash or .sessions as a symlink that
+leads out, a FIFO for -restore, a name that is not UTF-8. Each must end in a clean
 result or a clean error, never a hang, a traceback, a half-written file or a
 leaked one.
 
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import resource
+import socket
 import stat
 import subprocess
 import sys
@@ -455,6 +457,39 @@ def test_read_file_refuses_what_never_ends_and_reads_a_huge_file_in_parts(
     assert session_of(workdir, result.stderr).stat().st_size < 4 * 32 * 1024
 
 
+@pytest.mark.parametrize("key", [TEST_KEY, "ollama"], ids=["a key", "a key too short to look for"])
+def test_edit_file_and_write_file_meeting_a_fifo_fail_at_once(provider: FakeProvider, workdir: Path, key: str) -> None:
+    """The model reads notes.txt, then (approved at the terminal) puts a FIFO with no writer in its
+    place. edit_file and write_file of it return an error at once instead of waiting for a writer:
+    through the key check that reads the file first, and (with a key too short to look for) through
+    edit_file's own read and the backup of write_file. The FIFO stays; no backup, no temporary file."""
+    (workdir / "notes.txt").write_text("my notes\n")
+    provider.script(
+        tool_call("read_file", {"path": "notes.txt"}, call_id="read"),
+        tool_call("bash", {"command": "rm notes.txt && mkfifo notes.txt"}, call_id="swap"),
+        calls(
+            ("edit", "edit_file", {"path": "notes.txt", "old_string": "my", "new_string": "your"}),
+            ("write", "write_file", {"path": "notes.txt", "content": "new notes\n"}),
+        ),
+        text("Done."),
+    )
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, answers="y\n", timeout=30, OPENAI_API_KEY=key)
+    assert_ok(result, stdout="Done.\n")
+    got = results(provider)
+    assert got["swap"] == "(command succeeded with no output)"
+    assert got["edit"] == "error: edit_file failed on notes.txt: not a regular file"
+    if key == TEST_KEY:
+        assert got["write"] == "error: write_file failed on notes.txt: not a regular file"
+    else:
+        assert got["write"] == (
+            "error: write_file failed on notes.txt: could not back up the old version (not a regular file); "
+            "the file was not changed"
+        )
+    assert stat.S_ISFIFO((workdir / "notes.txt").lstat().st_mode)
+    assert not (workdir / ".trash").exists()
+    assert leftovers(workdir) == []
+
+
 # ---------------------------------------------------------------- 12. symlink loops
 
 
@@ -701,6 +736,52 @@ def test_a_dotenv_that_cannot_be_read_is_one_warning(workdir: Path, kind: str) -
     assert result.returncode == 0 and result.stdout.startswith("usage: python agent.py"), result.stderr
     assert len(stderr_lines(result.stderr)) == 1, result.stderr
     assert result.stderr.startswith(f"warning: ignored {dotenv}"), result.stderr
+
+
+@pytest.mark.parametrize("empty", ["OPENAI_BASE_URL", "OPENAI_API_KEY", "MODEL", "STREAM_TIMEOUT"])
+def test_a_variable_set_empty_wins_over_dotenv(provider: FakeProvider, workdir: Path, empty: str) -> None:
+    """The .env names a server of its own, a key, a model and a STREAM_TIMEOUT that is no number; the
+    environment sets all four, one of them empty, and the empty one is used: OPENAI_BASE_URL= is
+    OpenAI (reached through HTTPS_PROXY, a socket that listens and never answers, so nothing leaves
+    the machine), an empty key or model is the short guide, an empty STREAM_TIMEOUT the default.
+    The .env's server gets nothing."""
+    with FakeProvider() as thief, socket.socket() as proxy:
+        proxy.bind(("127.0.0.1", 0))
+        proxy.listen(8)  # the kernel takes the connection and what is sent on it; nobody answers
+        (workdir / ".env").write_text(
+            f"OPENAI_API_KEY=sk-dotenv-0123456789\nOPENAI_BASE_URL={thief.url}\nMODEL=dotenv-model\nSTREAM_TIMEOUT=abc\n"
+        )
+        thief.script(text("Thanks for the task."))
+        provider.script(text("Done."))
+        settings = {"STREAM_TIMEOUT": "1", empty: ""}
+        https_proxy = f"http://127.0.0.1:{proxy.getsockname()[1]}"
+        result = run_agent(
+            "final", TASK, provider=provider, cwd=workdir, timeout=30, HTTPS_PROXY=https_proxy, **settings
+        )
+        proxy.setblocking(False)  # the run is over: a connection it made is queued, with what it sent
+        try:
+            with proxy.accept()[0] as connection:
+                asked = connection.recv(4096)
+        except BlockingIOError:
+            asked = b""
+    assert thief.requests == []
+    assert "Traceback" not in result.stderr, result.stderr
+    if empty == "OPENAI_BASE_URL":
+        assert result.returncode == 1 and provider.requests == []
+        errors = [line for line in stderr_lines(result.stderr) if line.startswith("error:")]
+        assert errors == [
+            "error: no progress from https://api.openai.com/v1 for 1 s (keep-alives and empty events do not count); "
+            "try again, or raise STREAM_TIMEOUT"
+        ], result.stderr
+        assert asked.startswith(b"CONNECT api.openai.com:443 "), asked
+    elif empty == "STREAM_TIMEOUT":
+        assert_ok(result, stdout="Done.\n")
+        assert [request["body"]["model"] for request in provider.requests] == ["test-model"]
+        assert asked == b""
+    else:
+        assert result.returncode == 1 and result.stdout == "" and provider.requests == []
+        assert result.stderr.startswith("error: OPENAI_API_KEY and MODEL must be set"), result.stderr
+        assert asked == b""
 
 
 # ---------------------------------------------------------------- .trash or .sessions that is a symlink

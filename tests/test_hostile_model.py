@@ -5,10 +5,10 @@ provider as a model that tries what a prompt injection would: write where git
 finds the commands it runs, read and write outside the working directory,
 smuggle terminal escape sequences (or 6000 spaces, or characters that show
 nothing) into what the user is asked and shown, hide a path behind a word
-that starts with a dash, get the API key into the history whole or in pieces
-cut by a tool, rewrite .env, send tool calls whose ids break the
-conversation, and make its calls so long or so cut off that they hide
-something. Each test fails if the defence it names is taken out of agent.py.
+that starts with a dash, get the API key into the history whole, in pieces
+cut by a tool or split across the chunks of a stream, read or rewrite .env,
+.env.local or .envrc, send tool calls whose ids break the conversation, and
+make its calls so long or so cut off that they hide something. Each test fails if the defence it names is taken out of agent.py.
 
 The real agent.py runs as a subprocess over real HTTP against the fake
 provider; where a person answers a question, a pseudo-terminal answers it
@@ -22,12 +22,15 @@ The same small fixture is in each test_hostile_*.py.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,7 @@ from conftest import TEST_KEY, run_agent, wait_for_file
 from fake_provider import FakeProvider, raw, sequence_error, sse, text, tool_call
 from helpers import (
     Live,
+    alive,
     assert_ok,
     calls,
     disk_messages,
@@ -536,6 +540,53 @@ def test_reading_or_writing_any_env_file_asks(provider: FakeProvider, workdir: P
     assert not (workdir / "sub").exists()
 
 
+def test_env_local_envrc_and_links_to_or_from_a_dotenv_ask(provider: FakeProvider, workdir: Path) -> None:
+    """.env.local holds a token, .envrc commands that direnv runs; local-link is a link to .env.local,
+    and .env a link from which conf/keys is reached. read_file, write_file, edit_file and a cat of
+    each ask, by the name given or by the file it leads to (the question names that file): answered
+    n, nothing is read, nothing changes, and no secret reaches the server."""
+    secrets = {".env.local": "GITHUB_TOKEN=ghp-local-secret\n", ".envrc": "export DB=postgres://envrc-secret\n"}
+    for name, content in secrets.items():
+        (workdir / name).write_text(content)
+    (workdir / "conf").mkdir()
+    (workdir / "conf" / "keys").write_text("API_TOKEN=conf-keys-secret\n")
+    (workdir / ".env").symlink_to("conf/keys")
+    (workdir / "local-link").symlink_to(".env.local")
+    files = {
+        "r_local": ("read_file", {"path": ".env.local"}),
+        "r_link": ("read_file", {"path": "local-link"}),
+        "r_env": ("read_file", {"path": ".env"}),
+        "w_envrc": ("write_file", {"path": ".envrc", "content": "curl x|sh\n"}),
+        "e_env": ("edit_file", {"path": ".env", "old_string": "API_TOKEN", "new_string": "OPENAI_BASE_URL=x\nA"}),
+    }
+    cats = {f"cat {name}": {"command": f"cat {name}"} for name in (".env.local", ".envrc", "local-link", ".env")}
+    provider.script(
+        calls(*[(cid, name, args) for cid, (name, args) in files.items()], *[(c, "bash", a) for c, a in cats.items()]),
+        text("Done."),
+    )
+    before = snapshot(workdir)
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, answers="n\n" * (len(files) + len(cats)))
+    assert_ok(result, stdout="Done.\n")
+    real = workdir.resolve()
+    reads, writes = "read .env, which holds keys", "write .env, which sets up the agent's next run"
+    questions = [
+        f"{reads}: {real / '.env.local'}",
+        f"{reads}: {real / '.env.local'}",
+        f"{reads}: {real / 'conf' / 'keys'}",
+        f"{writes}: {real / '.envrc'}",
+        f"{writes}: {real / 'conf' / 'keys'}",
+        *[f"run: {command}" for command in cats],
+    ]
+    positions = [result.terminal.find(f"⚠  the model wants to {question}\nallow? (y/N) n") for question in questions]
+    assert -1 not in positions and positions == sorted(positions), result.terminal
+    assert result.terminal.count("allow? (y/N)") == len(questions)
+    got = results(provider)
+    assert got == {**dict.fromkeys(files, DENIED), **dict.fromkeys(cats, DENIED + " command")}
+    assert without_sessions(snapshot(workdir)) == without_sessions(before)
+    for secret in (b"ghp-local-secret", b"envrc-secret", b"conf-keys-secret"):
+        assert secret not in bodies(provider), secret
+
+
 def key_pieces() -> list[bytes]:
     """Every piece of the key long enough to be no chance: all its substrings of six characters."""
     return [TEST_KEY[i : i + 6].encode() for i in range(len(TEST_KEY) - 5)]
@@ -575,6 +626,62 @@ def test_the_key_cut_by_bash_s_tail_or_a_read_s_edges_is_never_sent(provider: Fa
     ):
         for fragment in key_pieces():
             assert fragment not in data, (where, fragment)
+
+
+KEY_GONE = "[OPENAI_API_KEY removed]"
+
+
+def delta_event(delta: dict, finish: str | None = None) -> bytes:
+    """One raw streamed chunk with one choice: a stream cut where the test says."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]})
+
+
+def test_the_key_split_across_streamed_chunks_is_never_shown_sent_or_stored(
+    provider: FakeProvider, workdir: Path
+) -> None:
+    """A server echoes the key in the answer, cut between two chunks at every place in it, and in a
+    tool call's arguments, one character a chunk. The answer is shown with the key removed, and
+    the call is shown, stored and run with it removed: no piece of six characters or more of the
+    key reaches the screen, a session byte, a request body or the file the call writes."""
+    size = len(TEST_KEY)
+    answer = [delta_event({"role": "assistant", "content": ""})]
+    for k in range(1, size):
+        answer += [delta_event({"content": f"cut {k}: {TEST_KEY[:k]}"}), delta_event({"content": f"{TEST_KEY[k:]}.\n"})]
+    arguments = json.dumps({"path": "leak.txt", "content": f"key={TEST_KEY}"})
+    first = {"index": 0, "id": "leak", "type": "function", "function": {"name": "write_file", "arguments": ""}}
+    call_ = [delta_event({"tool_calls": [first]})]
+    call_ += [delta_event({"tool_calls": [{"index": 0, "function": {"arguments": c}}]}) for c in arguments]
+    provider.script(raw(*answer, *call_, delta_event({}, "tool_calls"), b"data: [DONE]\n\n"), text("Done."))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir)
+    assert_ok(result)
+    shown = "".join(f"cut {k}: {KEY_GONE}.\n" for k in range(1, size))
+    assert result.stdout == shown + "\nDone.\n"
+    redacted = json.dumps({"path": "leak.txt", "content": f"key={KEY_GONE}"})
+    assert f"[round 1] write_file({redacted})" in stderr_lines(result.stderr)
+    assert (workdir / "leak.txt").read_text() == f"key={KEY_GONE}"
+    stored = disk_messages(session_path(workdir, result.stderr))
+    assert stored[2]["content"] == shown and stored[2]["tool_calls"][0]["function"]["arguments"] == redacted
+    for where, data in (
+        ("the session file", session_path(workdir, result.stderr).read_bytes()),
+        ("a request body", bodies(provider)),
+        ("stdout and stderr", (result.stdout + result.stderr).encode()),
+        ("the file written", (workdir / "leak.txt").read_bytes()),
+    ):
+        for fragment in key_pieces():
+            assert fragment not in data, (where, fragment)
+
+
+def test_an_answer_that_ends_like_the_key_s_beginning_is_shown_whole(provider: FakeProvider, workdir: Path) -> None:
+    """Chunks that end like the key's beginning ("test-key-", then "test-key-not-rea" at the very end)
+    are held back until the next chunk or the end shows they are not the key: then they are shown
+    and stored as they came, nothing lost and nothing redacted."""
+    pieces = ["Name them test-key-", "driven, as in test-key-", "no key at all; the last is test-key-not-rea"]
+    provider.script(raw(*[delta_event({"content": piece}) for piece in pieces], delta_event({}, "stop")))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir)
+    answer = "".join(pieces)
+    assert_ok(result, stdout=answer + "\n")
+    assert disk_messages(session_path(workdir, result.stderr))[-1] == {"role": "assistant", "content": answer}
 
 
 def test_the_file_tools_do_not_change_a_file_that_holds_the_key(provider: FakeProvider, workdir: Path) -> None:
@@ -844,6 +951,61 @@ def test_a_stop_signal_mid_tool_kills_children_that_ignore_it_and_let_go_of_the_
     assert "Traceback" not in result.stderr
     session_id = new_session_id(result.stderr)
     assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+
+
+def reader_of(fifo: Path, timeout: float = 30) -> int:
+    """Open fifo for writing once someone reads it (before that, a non-blocking open fails: ENXIO)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as error:
+            if error.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM), (signal.SIGHUP, signal.SIGTERM)],
+    ids=["Ctrl-C twice", "kill twice", "a closed terminal, then a kill"],
+)
+def test_a_second_stop_signal_during_the_cleanup_changes_nothing(
+    provider: FakeProvider, workdir: Path, first: int, second: int
+) -> None:
+    """A command waits on a FIFO (`cat pipe`, silent). A stop signal comes; a second one comes the
+    moment the command has been killed, and again once `interrupted` is shown, while the agent
+    cleans up and exits: exit 130 with the resume hint, no traceback, the command dead, the
+    session as it was."""
+    os.mkfifo(workdir / "pipe")
+    provider.script(tool_call("bash", {"command": "cat pipe"}, call_id="wait"))
+    command = writer = None
+    with Live("final", TASK, provider=provider, cwd=workdir) as live:
+        try:
+            writer = reader_of(workdir / "pipe")  # cat is running
+            agent = live.proc.pid
+            command = int(Path(f"/proc/{agent}/task/{agent}/children").read_text().split()[0])
+            ended = os.pidfd_open(command)
+            try:
+                live.signal(first)
+                assert select.select([ended], [], [], 30)[0], "the first signal did not end the command"
+            finally:
+                os.close(ended)
+            live.signal(second)
+            live.wait_stderr("interrupted")
+            live.signal(second)  # and once more, while it says so
+            result = live.completed(timeout=30)
+        finally:
+            kill_quietly(command)
+            if writer is not None:
+                os.close(writer)
+    assert result.returncode == 130, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    session_id = new_session_id(result.stderr)
+    lines = stderr_lines(result.stderr)
+    assert lines[-2:] == ["interrupted: the rounds completed so far are saved", hint(session_id)], result.stderr
+    assert not alive(command)
     assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
 
 

@@ -3,11 +3,12 @@
 A proxy, a small self-hosted server or a hostile endpoint can send anything
 down the stream: keep-alive comments or empty events and nothing else,
 lines that are not JSON, not UTF-8 or nested too deep, fields of the wrong
-type, a lone surrogate, escape sequences in an error message, kilobytes or
-megabytes of it. Each must end the turn with one `error:` line and the
-resume hint (or be harmless), never a traceback or a hang; every round
-completed before it stays saved, and the session resumes. The agent's own
-stdout may fail too (a closed pipe, a full device): the answer is still saved.
+type, a lone surrogate or a pair cut in two, escape sequences in an error
+message, kilobytes or megabytes of it. Each must end the turn with one
+`error:` line and the resume hint (or be harmless), never a traceback or a
+hang; every round completed before it stays saved, and the session resumes.
+The agent's own stdout may fail too (a closed pipe, a full device): the answer
+is still saved; and a stdout read slowly is no stalled server.
 
 The streams are raw bytes (fake_provider.raw and sse) sent over real HTTP to
 the real agent.py, run as a subprocess with a timeout, so a broken defence
@@ -19,7 +20,9 @@ AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -28,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -239,6 +243,32 @@ def test_empty_events_after_the_finish_chunk_do_not_lose_the_answer(workdir: Pat
     assert stored[-1] == {"role": "assistant", "content": "The answer."}
 
 
+LONG_ANSWER = "".join(f"{i:07d} {'w' * 91}\n" for i in range(2000))  # 200,000 bytes, lines of 100
+
+
+def test_a_slow_reader_of_stdout_is_no_stalled_server(provider: FakeProvider, workdir: Path) -> None:
+    """stdout is a pipe that nobody reads until it is full (64 KiB, with 200 KB of answer to come),
+    and then for 1.5 s more, with STREAM_TIMEOUT=1: the agent waits in a write to stdout, not for
+    the server, so the clock does not run. Read then, the whole answer comes, exit 0, no error."""
+    provider.script(text(LONG_ANSWER, pieces=20))
+    with Live("final", TASK, provider=provider, cwd=workdir, STREAM_TIMEOUT="1") as live:
+        out = live.proc.stdout.fileno()
+        capacity = fcntl.fcntl(out, fcntl.F_GETPIPE_SZ)
+        deadline, waiting = time.monotonic() + 30, array.array("i", [0])
+        # Until the pipe is full: within a page of its capacity, since a write that does not fit
+        # in the room left in the last page starts a new one.
+        while fcntl.ioctl(out, termios.FIONREAD, waiting) or waiting[0] < capacity - 4096:
+            assert time.monotonic() < deadline and live.proc.poll() is None, (waiting[0], capacity)
+            time.sleep(0.01)
+        time.sleep(1.5)  # the agent blocked in write() for longer than STREAM_TIMEOUT: the time itself is the test
+        result = live.completed(timeout=30)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert error_lines(result.stderr) == []
+    assert result.stdout == LONG_ANSWER + "\n"
+    stored = disk_messages(workdir / ".sessions" / f"{new_session_id(result.stderr)}.jsonl")
+    assert stored[-1] == {"role": "assistant", "content": LONG_ANSWER}
+
+
 def test_a_reply_past_the_turn_cap_ends_with_one_error_line(provider: FakeProvider, workdir: Path) -> None:
     """1.1 million characters of text in 11 events: more than max_tokens allows, so a server gone wrong."""
     provider.script(raw(*[chunk({"content": "a" * 100_000})] * 11, END))
@@ -349,6 +379,25 @@ def test_a_lone_surrogate_from_the_stream_leaves_a_session_that_can_go_on(
     resume(provider, workdir, new_session_id(result.stderr))
     for request in provider.requests:
         assert isinstance(json.loads(request["raw"].decode("utf-8")), dict)
+
+
+def test_a_surrogate_pair_split_across_chunks_is_sent_joined(provider: FakeProvider, workdir: Path) -> None:
+    """The two halves of 😀, escaped, in two chunks of the answer (\\ud83d, then \\ude00), as a server
+    that cuts UTF-16 text between code units sends them, with a tool call after them: the next
+    request of the run, and that of a -c of it, carry the emoji whole as UTF-8, and the session
+    file gives it back whole."""
+    call_ = piece(id="call_p", function={"name": "bash", "arguments": json.dumps({"command": "pwd"})})
+    halves = [chunk({"content": "smile \ud83d"}), chunk({"content": "\ude00 done"})]
+    provider.script(raw(*halves, call_, chunk({}, "tool_calls"), DONE), text("Done."))
+    result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert error_lines(result.stderr) == []
+    session_id = new_session_id(result.stderr)
+    assert disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")[2]["content"] == "smile 😀 done"
+    resume(provider, workdir, session_id)
+    assert len(provider.requests) == 3
+    for request in provider.requests[1:]:
+        assert json.loads(request["raw"].decode("utf-8"))["messages"][2]["content"] == "smile 😀 done"
 
 
 # ---------------------------------------------------------------- a stdout that fails
