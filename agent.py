@@ -76,8 +76,10 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
         values = dotenv_values(stream=io.StringIO(read_regular(found).decode()))
     except (OSError, UnicodeDecodeError) as error:
         print(f"warning: ignored {found}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
-        return {}, Path(found)
-    return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(found)
+        return {}, Path(os.path.realpath(found))
+    # Its path with links resolved: the gate compares resolved paths, and a .env that is a
+    # link to config/dev.env must protect config/dev.env by that name too.
+    return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(os.path.realpath(found))
 
 
 SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MODEL", "STREAM_TIMEOUT", "CONTEXT_WINDOW", "MAX_ROUNDS")
@@ -367,7 +369,12 @@ def stays_inside(command: str) -> bool:
         # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
         for path in (word, word.partition("=")[2]):
             resolved = Path(os.path.realpath(path or "."))
-            if not inside(resolved) or holds_settings(Path(path)) or holds_settings(resolved):
+            if (
+                not inside(resolved)
+                or holds_settings(Path(path))
+                or holds_settings(resolved)
+                or resolved == DOTENV_PATH
+            ):
                 return False  # cat .env asks, as read_file .env does
     return True
 
@@ -1344,18 +1351,18 @@ def stream_turn(client: openai.OpenAI, history: list[dict], max_tokens: int) -> 
         signal.signal(signal.SIGALRM, previous_handler)
         end_thought(reasoning, thought_shown)
         if text:
-            show(safe(redact(text[shown_so_far:])) + "\n")  # what was held back, and the end of the line
+            show(safe(redact(paired(text[shown_so_far:]))) + "\n")  # what was held back, and the end of the line
     # A stream can simply stop (a proxy, a crash): no finish_reason means
     # the turn is incomplete, and that is a failure, not a success.
     if finish_reason is None:
         raise Failure("the stream ended before the answer was finished; try again")
 
     # A server can echo the key back: it is kept out of the history like a tool's.
-    message: dict = {"role": "assistant", "content": redact(text) or None}
+    message: dict = {"role": "assistant", "content": redact(paired(text)) or None}
     if reasoning:
-        message["reasoning_content"] = redact(reasoning)
+        message["reasoning_content"] = redact(paired(reasoning))
     for call in calls.values():
-        call["function"]["arguments"] = redact(call["function"]["arguments"])
+        call["function"]["arguments"] = redact(paired(call["function"]["arguments"]))
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]
     return message, finish_reason, usage
@@ -1366,10 +1373,24 @@ def show_redacted(text: str, content: str, write: Callable[[str], None]) -> int:
     text + content is printed. The key can arrive split across chunks: a tail of
     the text that could be its beginning waits for the next chunk (or the end)."""
     whole_text = text + content
-    start = len(text) - held_back(text)  # where the printing stopped last time
-    ready = len(whole_text) - held_back(whole_text)
-    write(safe(redact(whole_text[start:ready])))
+    start, ready = printable(text), printable(whole_text)  # start: where the printing stopped last time
+    write(safe(redact(paired(whole_text[start:ready]))))
     return ready
+
+
+def printable(text: str) -> int:
+    """How much of the text so far can be printed: not a tail that could be the key's
+    beginning, nor the first half of an emoji whose second half is in the next chunk."""
+    end = len(text) - held_back(text)
+    return end - 1 if end and "\ud800" <= text[end - 1] <= "\udbff" else end
+
+
+def paired(text: str) -> str:
+    """text with every surrogate pair that a stream split between two chunks joined
+    into its character: each chunk's JSON is decoded on its own, so an emoji can
+    arrive as two halves. How: UTF-16 with "surrogatepass" both ways pairs adjacent
+    halves and keeps a lone half as it is (whole() deals with those when sending)."""
+    return text if text.isascii() else text.encode("utf-16", "surrogatepass").decode("utf-16", "surrogatepass")
 
 
 # Reasoning is dimmed (SGR 2, then 0 to reset) on a terminal, unless NO_COLOR asks
@@ -1386,7 +1407,7 @@ def think(text: str) -> None:
 def end_thought(reasoning: str, shown: int | None) -> None:
     """End the reasoning's line on stderr, with what was held back of it; None: nothing to end."""
     if shown is not None:
-        think(safe(redact(reasoning[shown:])))
+        think(safe(redact(paired(reasoning[shown:]))))
         print(file=sys.stderr, flush=True)
 
 

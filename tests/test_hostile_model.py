@@ -543,8 +543,9 @@ def test_reading_or_writing_any_env_file_asks(provider: FakeProvider, workdir: P
 def test_env_local_envrc_and_links_to_or_from_a_dotenv_ask(provider: FakeProvider, workdir: Path) -> None:
     """.env.local holds a token, .envrc commands that direnv runs; local-link is a link to .env.local,
     and .env a link from which conf/keys is reached. read_file, write_file, edit_file and a cat of
-    each ask, by the name given or by the file it leads to (the question names that file): answered
-    n, nothing is read, nothing changes, and no secret reaches the server."""
+    each ask, by the name given or by the file it leads to (the question names that file), and so
+    do conf/keys by its own name and alias, a link to .env: conf/keys is where the settings come
+    from. Answered n, nothing is read, nothing changes, and no secret reaches the server."""
     secrets = {".env.local": "GITHUB_TOKEN=ghp-local-secret\n", ".envrc": "export DB=postgres://envrc-secret\n"}
     for name, content in secrets.items():
         (workdir / name).write_text(content)
@@ -552,14 +553,19 @@ def test_env_local_envrc_and_links_to_or_from_a_dotenv_ask(provider: FakeProvide
     (workdir / "conf" / "keys").write_text("API_TOKEN=conf-keys-secret\n")
     (workdir / ".env").symlink_to("conf/keys")
     (workdir / "local-link").symlink_to(".env.local")
+    (workdir / "alias").symlink_to(".env")
     files = {
         "r_local": ("read_file", {"path": ".env.local"}),
         "r_link": ("read_file", {"path": "local-link"}),
         "r_env": ("read_file", {"path": ".env"}),
         "w_envrc": ("write_file", {"path": ".envrc", "content": "curl x|sh\n"}),
         "e_env": ("edit_file", {"path": ".env", "old_string": "API_TOKEN", "new_string": "OPENAI_BASE_URL=x\nA"}),
+        "r_keys": ("read_file", {"path": "conf/keys"}),
+        "r_alias": ("read_file", {"path": "alias"}),
+        "e_keys": ("edit_file", {"path": "conf/keys", "old_string": "API_TOKEN", "new_string": "OPENAI_BASE_URL=x\nA"}),
     }
-    cats = {f"cat {name}": {"command": f"cat {name}"} for name in (".env.local", ".envrc", "local-link", ".env")}
+    names = (".env.local", ".envrc", "local-link", ".env", "conf/keys", "alias")
+    cats = {f"cat {name}": {"command": f"cat {name}"} for name in names}
     provider.script(
         calls(*[(cid, name, args) for cid, (name, args) in files.items()], *[(c, "bash", a) for c, a in cats.items()]),
         text("Done."),
@@ -575,10 +581,15 @@ def test_env_local_envrc_and_links_to_or_from_a_dotenv_ask(provider: FakeProvide
         f"{reads}: {real / 'conf' / 'keys'}",
         f"{writes}: {real / '.envrc'}",
         f"{writes}: {real / 'conf' / 'keys'}",
+        f"{reads}: {real / 'conf' / 'keys'}",
+        f"{reads}: {real / 'conf' / 'keys'}",
+        f"{writes}: {real / 'conf' / 'keys'}",
         *[f"run: {command}" for command in cats],
     ]
-    positions = [result.terminal.find(f"⚠  the model wants to {question}\nallow? (y/N) n") for question in questions]
-    assert -1 not in positions and positions == sorted(positions), result.terminal
+    at = 0
+    for question in questions:  # each in its turn
+        at = result.terminal.find(f"⚠  the model wants to {question}\nallow? (y/N) n", at) + 1
+        assert at, f"{question!r} not asked in its turn:\n{result.terminal}"
     assert result.terminal.count("allow? (y/N)") == len(questions)
     got = results(provider)
     assert got == {**dict.fromkeys(files, DENIED), **dict.fromkeys(cats, DENIED + " command")}

@@ -388,10 +388,17 @@ def test_a_surrogate_pair_split_across_chunks_is_sent_joined(provider: FakeProvi
     file gives it back whole."""
     call_ = piece(id="call_p", function={"name": "bash", "arguments": json.dumps({"command": "pwd"})})
     halves = [chunk({"content": "smile \ud83d"}), chunk({"content": "\ude00 done"})]
-    provider.script(raw(*halves, call_, chunk({}, "tool_calls"), DONE), text("Done."))
+    # And in a write_file call's arguments: the file gets the emoji, as UTF-8.
+    write = piece(
+        index=1, id="call_w", function={"name": "write_file", "arguments": '{"path": "e.txt", "content": "\ud83d'}
+    )
+    rest = piece(index=1, id="call_w", function={"arguments": '\ude00"}'})
+    provider.script(raw(*halves, call_, write, rest, chunk({}, "tool_calls"), DONE), text("Done."))
     result = run_agent("final", TASK, provider=provider, cwd=workdir, timeout=60)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert error_lines(result.stderr) == []
+    assert result.stdout.startswith("smile 😀 done"), result.stdout  # shown whole, not as two ?
+    assert (workdir / "e.txt").read_text(encoding="utf-8") == "😀"
     session_id = new_session_id(result.stderr)
     assert disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")[2]["content"] == "smile 😀 done"
     resume(provider, workdir, session_id)
