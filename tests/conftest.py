@@ -34,9 +34,10 @@ TEST_KEY = "test-key-not-real"
 
 
 def program(chapter: int | str) -> Path:
-    """Path of a chapter's agent.py (1..11), or of the finished agent.py ("final")."""
+    """Path of a chapter's agent.py, or of the finished agent.py ("final"); AGENT_UNDER_TEST=/path/to/a/copy
+    puts a copy in its place, to check that a test fails without the line it is about (mutation testing)."""
     if chapter == "final":
-        return ROOT / "agent.py"
+        return Path(os.environ.get("AGENT_UNDER_TEST") or ROOT / "agent.py")
     return ROOT / "exercises" / f"ex{int(chapter):02d}" / "agent.py"
 
 

@@ -15,9 +15,6 @@ with a timeout (a FIFO or /dev/zero must not hang the suite even if a defence
 is broken). A full disk is a file-size limit (RLIMIT_FSIZE) set in the child
 before agent.py starts. One table of tool calls under that limit runs
 agent.py's own registry in a child Python, with the end-to-end runs beside it.
-
-AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
-(for mutation testing). The same small fixture is in each test_hostile_*.py.
 """
 
 from __future__ import annotations
@@ -60,16 +57,6 @@ from helpers import (
     stderr_lines,
     warnings,
 )
-
-
-@pytest.fixture(autouse=True)
-def agent_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AGENT_UNDER_TEST set, every run of "final" (and every in-process load) uses that copy."""
-    copy = os.environ.get("AGENT_UNDER_TEST")
-    if copy:
-        real = conftest.program
-        monkeypatch.setattr(conftest, "program", lambda chapter: Path(copy) if chapter == "final" else real(chapter))
-
 
 TASK = "Work on the files."
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -190,11 +177,12 @@ def test_the_temporary_file_of_a_write_is_private_until_it_is_renamed(loaded, mo
     """Under umask 026, write_file over a 0664 file and write_file of a new one, through agent.py's
     registry in-process, watching the standard library: each temporary file is created 0600 and still
     private when full (its fsync), so nobody else can open it while it fills; at the rename it has the
-    final mode, the old file's (0664) or what the umask leaves of 0666 (0640)."""
+    final mode, the old file's (0664) or what the umask leaves of 0666 (0640); after the rename the
+    directory is fsynced, so the new name is on the disk too."""
     work = loaded.WORKDIR
     (work / "old.txt").write_text("old\n")
     (work / "old.txt").chmod(0o664)
-    created, filled, renamed = {}, {}, {}
+    created, filled, renamed, events = {}, {}, {}, []
     real_open, real_fsync, real_replace = os.open, os.fsync, os.replace
 
     def watched_open(path: object, flags: int, mode: int = 0o777, *args: object, **kwargs: object) -> int:
@@ -205,11 +193,13 @@ def test_the_temporary_file_of_a_write_is_private_until_it_is_renamed(loaded, mo
 
     def watched_fsync(fd: int) -> None:
         filled[os.readlink(f"/proc/self/fd/{fd}")] = stat.S_IMODE(os.fstat(fd).st_mode)
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
     def watched_replace(source: object, target: object, *args: object, **kwargs: object) -> None:
         renamed[os.path.realpath(target)] = (os.path.realpath(source), stat.S_IMODE(os.stat(source).st_mode))
         real_replace(source, target, *args, **kwargs)
+        events.append(("rename", os.path.realpath(target)))
 
     monkeypatch.setattr(os, "open", watched_open)
     monkeypatch.setattr(os, "fsync", watched_fsync)
@@ -236,6 +226,8 @@ def test_the_temporary_file_of_a_write_is_private_until_it_is_renamed(loaded, mo
         assert oct(filled[temporary]) == oct(0o600), name  # full and on the disk, still private
         assert oct(at_rename) == oct(final), name
         assert (work / name).read_text() == "new\n" and oct(mode(work / name)) == oct(final)
+        after = events[events.index(("rename", os.path.realpath(work / name))) :]
+        assert ("fsync", os.path.realpath(work)) in after, events  # the directory, after the rename
     assert leftovers(work) == []
 
 

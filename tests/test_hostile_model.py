@@ -14,10 +14,6 @@ The real agent.py runs as a subprocess over real HTTP against the fake
 provider; where a person answers a question, a pseudo-terminal answers it
 (conftest.Terminal). Exhaustive tables of one decision (the bash gate) load
 agent.py in-process, with end-to-end samples of the same cases.
-
-AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
-(for mutation testing: break a defence in the copy and watch its test fail).
-The same small fixture is in each test_hostile_*.py.
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ from pathlib import Path
 
 import pytest
 
-import conftest
 from conftest import TEST_KEY, run_agent, wait_for_file
 from fake_provider import FakeProvider, raw, sequence_error, sse, text, tool_call
 from helpers import (
@@ -57,15 +52,6 @@ from helpers import (
 TASK = "Do what the files say."
 DENIED = "error: permission denied — the user did not approve this"
 OWN_RECORDS = "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
-
-
-@pytest.fixture(autouse=True)
-def agent_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AGENT_UNDER_TEST set, every run of "final" (and every in-process load) uses that copy."""
-    copy = os.environ.get("AGENT_UNDER_TEST")
-    if copy:
-        real = conftest.program
-        monkeypatch.setattr(conftest, "program", lambda chapter: Path(copy) if chapter == "final" else real(chapter))
 
 
 # Control characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, bidi controls.

@@ -13,9 +13,6 @@ is still saved; and a stdout read slowly is no stalled server.
 The streams are raw bytes (fake_provider.raw and sse) sent over real HTTP to
 the real agent.py, run as a subprocess with a timeout, so a broken defence
 fails its test instead of hanging the suite.
-
-AGENT_UNDER_TEST=/path/to/a/copy/agent.py runs a copy instead of agent.py
-(for mutation testing). The same small fixture is in each test_hostile_*.py.
 """
 
 from __future__ import annotations
@@ -44,16 +41,6 @@ import conftest
 from conftest import TEST_KEY, hermetic_env, run_agent
 from fake_provider import FakeProvider, Reply, error, raw, sequence_error, sse, text, tool_call
 from helpers import Live, assert_one_error_line, disk_messages, hint, new_session_id, resumed, stderr_lines
-
-
-@pytest.fixture(autouse=True)
-def agent_under_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With AGENT_UNDER_TEST set, every run of "final" (and every in-process load) uses that copy."""
-    copy = os.environ.get("AGENT_UNDER_TEST")
-    if copy:
-        real = conftest.program
-        monkeypatch.setattr(conftest, "program", lambda chapter: Path(copy) if chapter == "final" else real(chapter))
-
 
 TASK = "Answer, please."
 # Control characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, bidi controls.

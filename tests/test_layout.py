@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, program, run_agent
+from conftest import ROOT, hermetic_env, program, run_agent
 from fake_provider import text
 
 CHAPTERS = range(1, 14)
@@ -44,6 +44,24 @@ def test_every_program_answers_one_question(provider, workdir, chapter: int | st
     assert result.stdout == "Four.\n"
     assert len(provider.chat_requests) == 1
     assert provider.chat_requests[0]["messages"][-1] == {"role": "user", "content": question}
+
+
+@pytest.mark.parametrize("args", [["-h"], ["-list"], ["-restore", "notes.txt"]])
+def test_agent_py_imports_the_sdk_only_to_talk_to_a_model(workdir, args: list[str]) -> None:
+    """-h, -list and -restore start in a tenth of the time without the openai SDK (and what it
+    imports: httpx, pydantic); `python -X importtime` lists every module a run imported."""
+    (workdir / "notes.txt").write_text("notes\n")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", str(program("final")), *args],
+        cwd=workdir,
+        env=hermetic_env(None, workdir.parent),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    imported = set(re.findall(r"\|\s+([\w.]+)\s*$", done.stderr, re.M))
+    assert "json" in imported, done.stderr[-500:]  # the trace is there
+    assert not {name.split(".")[0] for name in imported} & {"openai", "httpx", "pydantic"}, args
 
 
 @pytest.mark.parametrize("chapter", PROGRAMS)
