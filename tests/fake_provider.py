@@ -183,13 +183,18 @@ def sequence_error(messages: list[dict], thinking: bool = False, legacy_reasoner
 class FakeProvider:
     def __init__(self) -> None:
         self.replies: list[Reply] = []
-        self.requests: list[dict] = []  # every request: path, headers, body (parsed JSON), raw (its bytes)
+        self.requests: list[dict] = []  # every request: path, headers, body (parsed JSON), raw (its bytes), refused
         self.validate = True  # DeepSeek sequence validation
         # A context window: a chat request over it (counted as len(body) // 4 tokens) gets the
         # HTTP 400 the provider named in limit_style sends, and no scripted reply is used up.
         self.context_limit: int | None = None
         self.limit_style = "deepseek"  # "deepseek", "openai", "kimi", "llamacpp" or "unnamed" (no number)
+        self.limit_counts_reply = False  # True: the request's max_tokens counts in the window too (OpenAI, vLLM)
         self.measure = False  # usage reports the request's own size (len(body) // 4) as prompt_tokens
+        # The reply to every chat request that offers no tools (a compaction's summary request),
+        # outside the script, so a test need not know when the agent compacts. None: such a
+        # request takes the script's next reply, like any other.
+        self.summary: Reply | None = None
         self.thinking = False  # DeepSeek thinking mode: reasoning_content required on tool-call turns
         self.legacy_reasoner = False  # R1 era: any reasoning_content is a 400
         self.paused = threading.Event()  # set when a reply reaches pause_after
@@ -253,8 +258,11 @@ class FakeProvider:
     # Called by the handler.
     def _take(self, path: str, headers: dict, body: Any, raw: bytes) -> Reply | None:
         with self.received:
-            self.requests.append({"path": path, "headers": headers, "body": body, "raw": raw})
+            self.requests.append({"path": path, "headers": headers, "body": body, "raw": raw, "refused": False})
             self.received.notify_all()
+        if self.summary is not None and path.endswith("/chat/completions") and isinstance(body, dict):
+            if "tools" not in body:
+                return self.summary
         with self._lock:
             return self.replies.pop(0) if self.replies else None
 
@@ -286,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         headers = {k.lower(): v for k, v in self.headers.items()}
-        if self.provider.context_limit is not None and len(raw) // 4 > self.provider.context_limit:
+        if self.provider.context_limit is not None and self._tokens(body, raw) > self.provider.context_limit:
             return self._too_long(headers, body, raw)
         reply = self.provider._take(self.path, headers, body, raw)
         if reply is not None and self.provider.measure:
@@ -314,11 +322,16 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._complete(body, reply)
 
+    def _tokens(self, body: Any, raw: bytes) -> int:
+        """What the request takes of the window: its size, and its max_tokens if limit_counts_reply."""
+        reply = body.get("max_tokens") if self.provider.limit_counts_reply and isinstance(body, dict) else 0
+        return len(raw) // 4 + (reply if isinstance(reply, int) else 0)
+
     def _too_long(self, headers: dict, body: Any, raw: bytes) -> None:
         """The refusal of a request over the context window, in the words of provider limit_style."""
         fp, tokens = self.provider, len(raw) // 4
         with fp.received:
-            fp.requests.append({"path": self.path, "headers": headers, "body": body, "raw": raw})
+            fp.requests.append({"path": self.path, "headers": headers, "body": body, "raw": raw, "refused": True})
             fp.received.notify_all()
         limit, reply = fp.context_limit, body.get("max_tokens", 0) if isinstance(body, dict) else 0
         error = {

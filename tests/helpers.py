@@ -9,7 +9,10 @@
   (`session_bytes`, `put_session`, `disk_messages`, `snapshot`), and comparing a
   request with a stored history (`shape`, `assert_sent`);
 - instruments for a session program loaded in-process, which spy on the standard
-  library only (`measure_save`, `watch_creation`, `decoy_sessions`).
+  library only (`measure_save`, `watch_creation`, `decoy_sessions`);
+- the context budget and compaction (chapters 12 and 13): the budget lines of a run
+  (`budget_lines`, `without_budget`), the conversation a file stands for after its
+  compaction records (`replayed`), and a run that compacts (`crossing_run`).
 
 Fixtures and the subprocess runners themselves live in conftest.py.
 """
@@ -29,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from conftest import Terminal, start_agent
-from fake_provider import FakeProvider, Reply, sequence_error, tool_calls
+from conftest import Terminal, run_agent, start_agent
+from fake_provider import FakeProvider, Reply, sequence_error, text, tool_calls
 
 # ---------------------------------------------------------------- chapters
 
@@ -58,7 +61,8 @@ def new_session_id(stderr: str) -> str:
 def chapter_output(chapter: int | str, result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """The run as a chapter before 11 prints it. A session program starts stderr with
     `[new session ID]` and ends it with the resume hint for that same ID: both are
-    checked here and cut off, and every other byte is left for the chapter's own checks."""
+    checked here and cut off. From chapter 12 on, the `[budget ...]` line of each
+    round is cut too. Every other byte is left for the chapter's own checks."""
     if not since(chapter, 11):
         return result
     match = NEW_SESSION.match(result.stderr)
@@ -66,7 +70,45 @@ def chapter_output(chapter: int | str, result: subprocess.CompletedProcess) -> s
     closing = hint(match.group(1)) + "\n"
     assert result.stderr.endswith(closing), f"no resume hint last:\n{result.stderr}"
     middle = result.stderr[match.end() : len(result.stderr) - len(closing)]
+    if since(chapter, 12):
+        middle = without_budget(middle)
     return subprocess.CompletedProcess(result.args, result.returncode, result.stdout, middle)
+
+
+# A budget line (chapter 12 on): [budget 3,214/128,000 tokens · 2.5%], or with ~ and
+# "· estimated..." when it is not the API's count.
+BUDGET_LINE = re.compile(r"\[budget (~?)([\d,]+)/([\d,]+) tokens · (\d+\.\d)%( · estimated[^\]]*)?\]")
+
+
+class Budget(NamedTuple):
+    estimated: bool
+    used: int
+    window: int
+    share: str  # as printed, "2.5"
+    note: str  # "", " · estimated" or " · estimated: the server reports no usage"
+
+
+def budget_lines(stderr: str) -> list[Budget]:
+    """Every budget line of a run, in order; each must be a whole line."""
+    found = []
+    for line in stderr.splitlines():
+        if line.startswith("[budget "):
+            match = BUDGET_LINE.fullmatch(line)
+            assert match, f"a budget line of another shape: {line!r}"
+            tilde, used, window, share, note = match.groups()
+            assert bool(tilde) == bool(note), line  # an estimate has both marks, a count neither
+            found.append(Budget(bool(tilde), number(used), number(window), share, note or ""))
+    return found
+
+
+def number(shown: str) -> int:
+    """A number as the programs print it: 128,000."""
+    return int(shown.replace(",", ""))
+
+
+def without_budget(stderr: str) -> str:
+    """stderr without its budget lines."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not BUDGET_LINE.fullmatch(line.rstrip("\n")))
 
 
 def conversation(chapter: int | str, messages: list[dict]) -> list[dict]:
@@ -599,3 +641,71 @@ def assert_batches_whole(messages: list[dict]) -> None:
         if ids:
             after = [m.get("tool_call_id") if m["role"] == "tool" else None for m in messages[i + 1 : i + 1 + len(ids)]]
             assert after == ids, f"message {i} calls {ids} but is followed by {after}"
+
+
+# ---------------------------------------------------------------- compaction (chapter 13 and agent.py)
+
+
+def summary_message(summary: str) -> dict:
+    """The message a compaction puts where the folded messages were."""
+    return {"role": "user", "content": f"[summary of the earlier conversation]\n{summary}"}
+
+
+def replayed(records: list[dict]) -> list[dict]:
+    """The conversation a session file's records stand for, replayed independently of the
+    agent: the messages in order, each compaction record replacing all but the system
+    prompt and its last `kept` messages with its summary."""
+    messages: list[dict] = []
+    for record in records:
+        if record["type"] == "message":
+            messages.append(record["message"])
+        elif record["type"] == "compaction":
+            messages = messages[:1] + [summary_message(record["summary"])] + messages[len(messages) - record["kept"] :]
+    return messages
+
+
+def file_records(path: Path) -> list[dict]:
+    """Every record of a session file that has no torn tail."""
+    records, torn = complete_lines(path.read_bytes())
+    assert torn == b"", torn[:80]
+    return records
+
+
+def summary_requests(provider: FakeProvider) -> list[dict]:
+    """The chat requests that offer no tools: a compaction's summary requests."""
+    return [body for body in provider.chat_requests if "tools" not in body]
+
+
+def turn_requests(provider: FakeProvider) -> list[dict]:
+    """The chat requests of the agent's rounds, which offer the tools."""
+    return [body for body in provider.chat_requests if "tools" in body]
+
+
+# A session of ~2,000 tokens, by hand: the next round, reported at 3,107 tokens, crosses
+# 75% of a 4,000-token window. a2 is long, so the tail the compaction keeps (at most
+# 1,200 tokens) starts at the new question: u1 to a2 are folded.
+EARLIER = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "Read notes.txt and summarize it"},
+    {"role": "assistant", "content": "The notes plan a stock API for a bookshop. " * 40},
+    {"role": "user", "content": "What did we decide about the database, and why?"},
+    {"role": "assistant", "content": "PostgreSQL 16, because the till and the web shop write at once. " * 80},
+]
+QUESTION = {"role": "user", "content": "Now read todo.txt and tell me what is still open"}
+TODO = "- POST /sales (Lin)\n- delete the cache entry after a sale (Lin)\n- test a restore (Sam)\n"
+SUMMARY_TEXT = "The user plans a bookshop stock API: PostgreSQL 16 for two writers; todo.txt is next."
+ANSWER = "Three items are open."
+
+
+def crossing_run(chapter: int | str, provider: FakeProvider, workdir: Path, summary: Reply, **env: str):
+    """Resume EARLIER with QUESTION in a 4,000-token window. Its first round reads todo.txt
+    and the API counts 3,107 tokens: a compaction comes before the second request,
+    whose reply is `summary`; then the answer. (the session file, its bytes before, the run)"""
+    (workdir / "todo.txt").write_text(TODO)
+    path = put_session(workdir, session_bytes(*EARLIER))
+    before = path.read_bytes()
+    round_1 = tool_calls([("read_file", {"path": "todo.txt"})], ids=["call_todo"], prompt_tokens=3100)
+    provider.script(round_1, summary, text(ANSWER))
+    env = {"CONTEXT_WINDOW": "4000", **env}
+    result = run_agent(chapter, "-c", SESSION_ID, QUESTION["content"], provider=provider, cwd=workdir, **env)
+    return path, before, result

@@ -307,8 +307,9 @@ def test_stops_after_ten_rounds(provider: FakeProvider, workdir: Path, chapter: 
     (workdir / "notes.txt").write_text("again", encoding="utf-8")
     loop = [tool_call("read_file", {"path": "notes.txt"}) for _ in range(10)]
     # An eleventh reply is scripted so that an eleventh request would succeed
-    # (and be counted) instead of failing on an empty script.
-    result = run(chapter, provider, workdir, *loop, text("never asked for"))
+    # (and be counted) instead of failing on an empty script. agent.py allows 50
+    # rounds unless MAX_ROUNDS says otherwise; the chapter has no such setting.
+    result = run(chapter, provider, workdir, *loop, text("never asked for"), MAX_ROUNDS="10")
     assert_clean_failure(result, "stopped: reached the 10-round limit")
     assert result.stdout == ""
     assert len(provider.chat_requests) == 10

@@ -430,6 +430,7 @@ ODD = {
 }
 
 
+BIG_WINDOW = {"CONTEXT_WINDOW": "100000000"}
 KEEPS_WORKING = {"empty file", "header only", "no header", "two damaged lines", "CRLF line endings"}
 
 
@@ -440,7 +441,8 @@ def test_odd_file_loads(provider: FakeProvider, workdir: Path, case: str) -> Non
         assert "\u2028".encode() in data and b"\\u2028" not in data  # raw in the file, where splitlines() would split
     path = put_session(workdir, data)
     provider.script(text("Your name is Xiaoming."))
-    result = run_agent("final", "-c", ID, FOLLOW_UP, provider=provider, cwd=workdir, timeout=180)
+    # The window is not what this test is about: one the 20 MB message fits, so nothing is compacted.
+    result = run_agent("final", "-c", ID, FOLLOW_UP, provider=provider, cwd=workdir, timeout=180, **BIG_WINDOW)
     assert_ok(result)
     assert resumed(result.stderr) == (ID, len(kept))
 
@@ -472,7 +474,7 @@ def test_odd_file_loads(provider: FakeProvider, workdir: Path, case: str) -> Non
     if case not in KEEPS_WORKING:
         return
     provider.script(text("Still Xiaoming."))
-    result = run_agent("final", "-c", ID, "Again?", provider=provider, cwd=workdir, timeout=180)
+    result = run_agent("final", "-c", ID, "Again?", provider=provider, cwd=workdir, timeout=180, **BIG_WINDOW)
     assert_ok(result)
     assert resumed(result.stderr) == (ID, len(kept) + 2)
     assert len(warnings(result.stderr)) == (1 if damaged else 0), result.stderr
