@@ -1100,6 +1100,7 @@ WINDOWS = {
 }
 DEFAULT_WINDOW = 32_000  # a model the table does not know: smaller than most, larger than a toy
 BUDGET_FRACTION = 0.75  # past this share of the window, warn: a few more rounds may not fit
+MIN_WINDOW = 1000  # tokens: a smaller window holds no system prompt, tools and a turn
 
 
 def context_window() -> int:
@@ -1107,7 +1108,7 @@ def context_window() -> int:
     raw = setting("CONTEXT_WINDOW")
     if not raw:
         return next((size for part, size in WINDOWS.items() if part in MODEL.lower()), DEFAULT_WINDOW)
-    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1000:
+    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < MIN_WINDOW:
         raise Failure(f"CONTEXT_WINDOW must be a whole number of tokens, at least 1000, not {raw!r}")
     return int(raw)
 
@@ -1238,7 +1239,9 @@ def shortened(text: str, limit: int) -> str:
 
 def compact(client: openai.OpenAI, session: Session, window: int) -> bool:
     """Fold the older part of the conversation into a summary the model writes; True
-    if it did. A failure is only a warning: the turn goes on with the whole conversation."""
+    if it did. A failure is only a warning: the turn goes on with the whole conversation.
+    But a summary request refused as too long raises TooLong: the window is smaller
+    than believed, and that is for the caller to act on."""
     import openai
 
     split = split_point(session.history, window)
@@ -1252,6 +1255,8 @@ def compact(client: openai.OpenAI, session: Session, window: int) -> bool:
     try:
         summary = summarize(client, session.history[1:split], window)
     except Exception as error:  # whatever the server does, the conversation is still whole
+        if refusal := too_long(error):
+            raise refusal from None
         reason = describe(error) if isinstance(error, openai.APIError) else safe(str(error), 300)
         print(f"warning: compaction failed ({reason}); going on with the whole conversation", file=sys.stderr)
         return False
@@ -1595,22 +1600,15 @@ def run(session: Session, window: int, used: int) -> int:
     # results, a new request) is estimated. Until the API has spoken, all of it is.
     counted = len(history)
     for round_number in range(1, MAX_ROUNDS + 1):
-        if used + estimate(history[counted:]) >= BUDGET_FRACTION * window:  # make room before the request
-            compact(client, session, window)
-            used, counted = estimate([history, registry.definitions()]), len(history)
         try:
+            if used + estimate(history[counted:]) >= BUDGET_FRACTION * window:  # make room before the request
+                compact(client, session, window)
+                used, counted = estimate([history, registry.definitions()]), len(history)
             message, finish_reason, usage = stream_turn(client, sendable(history), reply_tokens(window))
         except TooLong as refusal:
-            # The server's window is smaller than the table said, or the session grew
-            # too long before compaction: take the window it names (or guess one under
-            # what was sent), make room, and try once more. A second refusal ends the run.
-            window = min(window, refusal.window or int((used + estimate(history[counted:])) * 0.75))
-            print(
-                f"warning: {str(refusal).rstrip('.')}; making room for a {window:,}-token window and trying again",
-                file=sys.stderr,
-            )
-            if not compact(client, session, window):
-                raise
+            # The server's window is smaller than the table said, or the session grew too
+            # long before compaction: make room and try once more. A second refusal ends the run.
+            window = make_room(client, session, window, refusal, used + estimate(history[counted:]))
             used, counted = estimate([history, registry.definitions()]), len(history)
             message, finish_reason, usage = stream_turn(client, sendable(history), reply_tokens(window))
         history.append(message)  # the assistant message goes before its tool results
@@ -1653,6 +1651,32 @@ def run(session: Session, window: int, used: int) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def make_room(client: openai.OpenAI, session: Session, window: int, refusal: TooLong, sent: int) -> int:
+    """After a refusal as too long, the window to try once more with: the one the server
+    named, or a guess a quarter under what was sent, with the conversation compacted to
+    fit it. A guess can still be far too large (a session grown ten times past its
+    window): while the summary request itself is refused, the guess is halved. With
+    nothing to fold, a smaller reply may be enough (a server that counts max_tokens
+    in its window, as OpenAI's does); if not even that changed, the refusal stands."""
+    asked = reply_tokens(window)
+    window = min(window, refusal.window or int(sent * 0.75))
+    print(
+        f"warning: {str(refusal).rstrip('.')}; making room for a {window:,}-token window and trying again",
+        file=sys.stderr,
+    )
+    while True:
+        try:
+            if compact(client, session, window) or reply_tokens(window) < asked:
+                return window
+            raise refusal
+        except TooLong as again:
+            if window <= MIN_WINDOW or again is refusal:
+                raise refusal from None
+            named = again.window if again.window and again.window < window else None
+            window = max(MIN_WINDOW, named or window // 2)  # the window it names, or half the guess
+            print(f"warning: the summary request was refused too; trying a {window:,}-token window", file=sys.stderr)
 
 
 def stop(number: int, frame: object) -> None:
