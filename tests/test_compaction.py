@@ -11,12 +11,13 @@ token, and reports that count as the usage.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from conftest import run_agent
+from conftest import TEST_KEY, run_agent
 from fake_provider import FakeProvider, text, tool_call
 from helpers import (
     EARLIER,
@@ -254,3 +255,27 @@ def test_list_marks_a_compacted_session_and_counts_the_messages_on_disk(provider
     assert on_disk == 9  # the resume loads 6: the summary stands for 4 of them
     assert f" {on_disk} messages " in lines[SESSION_ID] and lines[SESSION_ID].endswith("  [compacted]"), listing.stdout
     assert f" {len(EARLIER)} messages " in lines[plain] and "compacted" not in lines[plain], listing.stdout
+
+
+# ---------------------------------------------------------------- the reply's room, the summary's care
+
+
+@pytest.mark.parametrize(("window", "max_tokens"), [("4000", 1000), ("128000", 4096)])
+def test_a_request_leaves_the_reply_a_quarter_of_the_window_at_most(
+    provider: FakeProvider, workdir: Path, window: str, max_tokens: int
+) -> None:
+    """Started under 75%, a request has room for its reply: max_tokens is min(4096, window // 4)."""
+    provider.script(text("Hello."))
+    assert_ok(run_agent("final", "Say hello", provider=provider, cwd=workdir, CONTEXT_WINDOW=window), "Hello.\n")
+    assert provider.chat_requests[0]["max_tokens"] == max_tokens
+
+
+def test_a_summary_that_echoes_the_key_is_stored_without_it(provider: FakeProvider, workdir: Path) -> None:
+    """The summary is the server's text like any answer: the key's value is removed before
+    it is stored in the compaction record or sent in the next request."""
+    path, before, result = crossing_run("final", provider, workdir, text(f"Summary. The key in use is {TEST_KEY}."))
+    assert_ok(result)
+    (record,) = [r for r in appended(before, path.read_bytes()) if r["type"] == "compaction"]
+    assert record["summary"] == "Summary. The key in use is [OPENAI_API_KEY removed]."
+    assert TEST_KEY.encode() not in path.read_bytes()
+    assert TEST_KEY not in json.dumps(provider.chat_requests[-1]["messages"])
