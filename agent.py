@@ -1010,10 +1010,9 @@ def list_sessions() -> None:
 
 # -list looks at the first bytes of each line, not at records: a quote inside a
 # JSON string is always escaped, so these can only match the start of a record.
-MESSAGE_LINE = (b'{"type": "message"', b'{"type":"message"')  # ours, and the book's Go edition
-META_LINE = (b'{"type": "meta"', b'{"type":"meta"')
-COMPACTION_LINE = (b'{"type": "compaction"', b'{"type":"compaction"')
-USER_ROLE = (b'"role": "user"', b'"role":"user"')
+# The optional space: ours writes '{"type": "message"', the book's Go edition '{"type":"message"'.
+RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta)"')
+USER_ROLE = re.compile(rb'"role": ?"user"')
 
 
 def summary(path: Path) -> str:
@@ -1045,24 +1044,25 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
 
     It costs what reading the bytes costs, not a parse. How: the file is mapped,
     not read, so nothing is copied; each newline is found by mmap.find (a
-    memchr in C); of a line only its first 64 bytes are looked at, and they name
-    the record's kind. Two lines are parsed: the header and the first request.
-    A line damaged inside (bad JSON, bytes that are not UTF-8) is the loader's
-    to find: a resume names it by number."""
+    memchr in C); one regular expression matched at the line's start names the
+    record's kind, in place (on the mapping: no slice is made). Two lines are
+    parsed: the header and the first request. A line damaged inside (bad JSON,
+    bytes that are not UTF-8) is the loader's to find: a resume names it by number."""
     count, compacted, damaged, created, prompt = 0, False, False, "?", ""
     start = 0
     while (end := data.find(b"\n", start)) >= 0:
-        head = data[start : min(end, start + 64)]
-        if head.startswith(MESSAGE_LINE):
+        kind = RECORD_KIND.match(data, start, end)
+        kind = kind and kind[1]
+        if kind == b"message":
             count += 1
-            if not prompt and (USER_ROLE[0] in head or USER_ROLE[1] in head):
+            if not prompt and USER_ROLE.search(data, start, min(end, start + 64)):
                 prompt = first_words(data[start:end])
-        elif head.startswith(COMPACTION_LINE):
+        elif kind == b"compaction":
             compacted = True
-        elif start == 0 and head.startswith(META_LINE):
+        elif kind == b"meta" and start == 0:
             with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                 created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
-        elif head.strip() or data[start:end].strip():  # a blank line is no damage
+        elif data[start:end].strip():  # a blank line is no damage; a header further down is
             damaged = True
         start = end + 1
     marks = ["compacted"] if compacted else []  # not damage, but a mark of the same kind: the count is of the file

@@ -338,6 +338,7 @@ def figure_list(tmp: Path, sessions: int = 1000, runs: int = 5) -> list[Row]:
         sizes = []
         for part, count in (("half", sessions // 2), ("all", sessions)):
             directory = work / part / ".sessions"
+            directory.parent.mkdir(parents=True)
             sizes.append(
                 sum(
                     workload.write_session(directory, workload.session_id(100 + n), body=bodies[n % 10]).stat().st_size
