@@ -723,6 +723,7 @@ class Session:
         self.saved = 0  # how many messages of history are already in the file
         self.fd = fd  # open for appending and flock-ed for the whole run: one writer at a time
         self.size = os.fstat(fd).st_size  # bytes in the file: a failed save is cut back to this
+        self.tokens = 0  # the history's tokens, roughly: open_session() counts them
 
     def save(self) -> None:
         """Append history[saved:]: one write of whole lines, then fsync. The cost
@@ -833,7 +834,15 @@ def open_session(wanted: str) -> Session:
         )
     session = Session(session_id, history, fd)
     session.saved = len(history)
+    # Its tokens, roughly, for the budget. Walking a 50 MB history (estimate()) costs a
+    # tenth of loading it; its lines' bytes, 4 to a token, say as much. (A CJK character
+    # is 3 bytes and about two thirds of a token: close enough.) Not after a compaction,
+    # when the file holds more than the history.
+    session.tokens = len(data) // 4 if COMPACTION_RECORD not in data else estimate([history])
     return session
+
+
+COMPACTION_RECORD = b'"type": "compaction"'
 
 
 def find_session(wanted: str) -> str:
@@ -1573,7 +1582,8 @@ def main(args: list[str]) -> int:
             session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": args[0]}])
             print(f"[new session {session.id}]", file=sys.stderr)
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
-        used = estimate([session.history, registry.definitions()])  # once: for a long session it costs
+        resumed = session.tokens + estimate(args[0]) if resume_id is not None else None  # the file, the new request
+        used = estimate(registry.definitions()) + (resumed or estimate([session.history]))
         if resume_id is not None:  # before the first request only an estimate: the API has counted nothing yet
             report_budget(used, window, " · estimated")
         status = run(session, window, used)
