@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from conftest import Terminal, run_agent, start_agent
+from conftest import Terminal, run_agent, start_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, sequence_error, text, tool_calls
 
 # ---------------------------------------------------------------- chapters
@@ -365,6 +365,23 @@ class Live:
         """finish(), as run_agent would have returned it."""
         code, out, err = self.finish(timeout)
         return subprocess.CompletedProcess(self.proc.args, code, out, err)
+
+    def stopped_mid_command(self, workdir: Path, number: int) -> subprocess.CompletedProcess:
+        """Once the running command has written its shell's pid to shell.txt (and a child's to
+        child.txt before it), send the agent signal `number`: the run, exit 130 and no traceback,
+        the shell and its child gone. Neither outlives the test, whatever fails."""
+        shell = child = None
+        try:
+            shell = int(wait_for_file(workdir / "shell.txt"))
+            child = int((workdir / "child.txt").read_text())  # written before shell.txt
+            self.signal(number)
+            result = self.completed(timeout=30)
+            assert wait_dead(shell) and wait_dead(child), "the command or its child outlived the agent"
+        finally:
+            kill_quietly(shell)
+            kill_quietly(child)
+        assert result.returncode == 130 and "Traceback" not in result.stderr, (result.returncode, result.stderr)
+        return result
 
 
 # ---------------------------------------------------------------- session files, by hand

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Terminal, hermetic_env, load_program, program, run_agent, wait_for_file
+from conftest import Terminal, hermetic_env, load_program, program, run_agent
 from fake_provider import FakeProvider, Reply, text
 from helpers import (
     Live,
@@ -374,19 +374,8 @@ def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
     (workdir / "notes.txt").write_text("notes ✏️\n", encoding="utf-8")
     first = calls(("r1", "read_file", {"path": "notes.txt"}))
     provider.script(first, bash_calls(long="sleep 60 & echo $! > child.txt; echo $$ > shell.txt; wait"))
-    shell = child = None
     with Live(chapter, TASK, provider=provider, cwd=workdir, answers=answers_for(chapter)) as live:
-        try:
-            shell = int(wait_for_file(workdir / "shell.txt"))
-            child = int((workdir / "child.txt").read_text())  # written before shell.txt
-            live.signal(number)
-            result = live.completed(timeout=30)
-            assert wait_dead(shell) and wait_dead(child), "the running command outlived the agent"
-        finally:
-            kill_quietly(shell)
-            kill_quietly(child)
-    assert result.returncode == 130, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
+        result = live.stopped_mid_command(workdir, number)
     assert result.stdout == ""
     lines = stderr_lines(result.stderr)
     if not since(chapter, 11):

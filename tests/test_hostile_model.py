@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_KEY, run_agent, wait_for_file
+from conftest import TEST_KEY, run_agent
 from fake_provider import FakeProvider, raw, sequence_error, sse, text, tool_call
 from helpers import (
     Live,
@@ -46,7 +46,6 @@ from helpers import (
     resumed,
     snapshot,
     stderr_lines,
-    wait_dead,
 )
 
 TASK = "Do what the files say."
@@ -933,19 +932,8 @@ def test_a_stop_signal_mid_tool_kills_children_that_ignore_it_and_let_go_of_the_
         "(trap '' TERM HUP; exec sleep 300) > /dev/null 2>&1 & echo $! > child.txt; echo $$ > shell.txt; exec sleep 300"
     )
     provider.script(tool_call("bash", {"command": command}, call_id="long"))
-    shell = child = None
     with Live("final", TASK, provider=provider, cwd=workdir, answers="y\n") as live:
-        try:
-            shell = int(wait_for_file(workdir / "shell.txt"))
-            child = int((workdir / "child.txt").read_text())  # written before shell.txt
-            live.signal(number)
-            result = live.completed(timeout=30)
-            assert wait_dead(shell) and wait_dead(child), "the command or its child outlived the agent"
-        finally:
-            kill_quietly(shell)
-            kill_quietly(child)
-    assert result.returncode == 130, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr
+        result = live.stopped_mid_command(workdir, number)
     session_id = new_session_id(result.stderr)
     assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
     assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
