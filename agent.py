@@ -836,9 +836,9 @@ def open_session(wanted: str) -> Session:
     session.saved = len(history)
     # Its tokens, roughly, for the budget. Walking a 50 MB history (estimate()) costs a
     # tenth of loading it; its lines' bytes, 4 to a token, say as much. (A CJK character
-    # is 3 bytes and about two thirds of a token: close enough.) Not after a compaction,
-    # when the file holds more than the history.
-    session.tokens = len(data) // 4 if COMPACTION_RECORD not in data else estimate([history])
+    # is 3 bytes and about two thirds of a token: close enough.) Not when the file holds
+    # more than the history: folded messages, damaged lines.
+    session.tokens = len(data) // 4 if not damaged and COMPACTION_RECORD not in data else estimate([history])
     return session
 
 
