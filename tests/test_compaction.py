@@ -279,3 +279,22 @@ def test_a_summary_that_echoes_the_key_is_stored_without_it(provider: FakeProvid
     assert record["summary"] == "Summary. The key in use is [OPENAI_API_KEY removed]."
     assert TEST_KEY.encode() not in path.read_bytes()
     assert TEST_KEY not in json.dumps(provider.chat_requests[-1]["messages"])
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"x" * 200_000, json.dumps({"type": "compaction", "summary": "s", "kept": 999}).encode() + b"y" * 200_000],
+    ids=["a damaged line", "a compaction record that does not apply"],
+)
+def test_a_resumed_estimate_counts_the_history_not_the_file(
+    provider: FakeProvider, workdir: Path, extra: bytes
+) -> None:
+    """agent.py estimates a resumed session from its file's bytes only when the file holds nothing
+    else: 200 KB that is not history (about 50,000 tokens) must not make it compact."""
+    put_session(workdir, session_bytes(*EARLIER) + extra + b"\n")
+    provider.script(text("ok"))
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir, CONTEXT_WINDOW="32000")
+    assert_ok(result, "ok\n")
+    first = budget_lines(result.stderr)[0]
+    assert first.estimated and first.used < 4000, result.stderr  # EARLIER is about 2,000 tokens
+    assert summary_requests(provider) == []
