@@ -76,7 +76,7 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
         values = dotenv_values(stream=io.StringIO(read_regular(found).decode()))
     except (OSError, UnicodeDecodeError) as error:
         print(f"warning: ignored {found}: {getattr(error, 'strerror', None) or error}", file=sys.stderr)
-        return {}, Path(os.path.realpath(found))
+        values = {}
     # Its path with links resolved: the gate compares resolved paths, and a .env that is a
     # link to config/dev.env must protect config/dev.env by that name too.
     return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(os.path.realpath(found))
@@ -369,19 +369,16 @@ def stays_inside(command: str) -> bool:
         # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
         for path in (word, word.partition("=")[2]):
             resolved = Path(os.path.realpath(path or "."))
-            if (
-                not inside(resolved)
-                or holds_settings(Path(path))
-                or holds_settings(resolved)
-                or resolved == DOTENV_PATH
-            ):
+            if not inside(resolved) or holds_settings(Path(path), resolved):
                 return False  # cat .env asks, as read_file .env does
     return True
 
 
-def holds_settings(path: Path) -> bool:
-    """.env, .env.local, .envrc: files of settings and keys, or (direnv's .envrc) commands."""
-    return path.name.casefold().startswith(".env")
+def holds_settings(given: Path, resolved: Path) -> bool:
+    """.env, .env.local, .envrc: files of settings and keys, or (direnv's .envrc) commands,
+    by the name given or the one a link leads to; and the .env the settings came from,
+    by any name (a .env may be a link to config/dev.env)."""
+    return any(p.name.casefold().startswith(".env") for p in (given, resolved)) or resolved == DOTENV_PATH
 
 
 def inside(path: Path) -> bool:
@@ -656,7 +653,7 @@ def gate(path: Path, given: Path, writes: bool) -> str | None:
         return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
     if parts is None:
         wants = "write outside the working directory" if writes else "read outside the working directory"
-    elif holds_settings(path) or holds_settings(given) or path == DOTENV_PATH:
+    elif holds_settings(given, path):
         wants = "write .env, which sets up the agent's next run" if writes else "read .env, which holds keys"
     elif writes and ".git" in parts:
         wants = "write inside .git/, where git finds the commands it runs"
