@@ -796,6 +796,9 @@ def create_session(history: list[dict]) -> Session:
     return session
 
 
+COMPACTION_RECORD = b'"type": "compaction"'  # in a file, a compaction record: it holds more than the history
+
+
 def open_session(wanted: str) -> Session:
     """Lock an existing session, cut off a torn tail, and replay its messages."""
     session_id = find_session(wanted)
@@ -839,9 +842,6 @@ def open_session(wanted: str) -> Session:
     return session
 
 
-COMPACTION_RECORD = b'"type": "compaction"'
-
-
 def find_session(wanted: str) -> str:
     """The full ID for an ID, a unique prefix of one, or "last" (the most recently active)."""
     if wanted != "last" and not re.fullmatch(r"[0-9a-f-]{1,24}", wanted):  # ../../etc/passwd never becomes a path
@@ -854,7 +854,7 @@ def find_session(wanted: str) -> str:
         if not sessions:
             raise Failure(f"there is no session in {SESSIONS.name}/ to continue yet")
         # An empty file is a session whose creation was cut short: never "active".
-        started = [session_id for session_id, path in sessions.items() if modified_at(path) and size_of(path)]
+        started = [session_id for session_id, path in sessions.items() if size_of(path)]
         return max(started or sessions, key=lambda session_id: modified_at(sessions[session_id]))
     matches = [session_id for session_id in sessions if session_id.startswith(wanted)]
     if len(matches) > 1:
@@ -1115,7 +1115,7 @@ def context_window() -> int:
     if not raw:
         return next((size for part, size in WINDOWS.items() if part in MODEL.lower()), DEFAULT_WINDOW)
     if not re.fullmatch(r"[0-9]+", raw) or int(raw) < MIN_WINDOW:
-        raise Failure(f"CONTEXT_WINDOW must be a whole number of tokens, at least 1000, not {raw!r}")
+        raise Failure(f"CONTEXT_WINDOW must be a whole number of tokens, at least {MIN_WINDOW}, not {raw!r}")
     return int(raw)
 
 
@@ -1574,15 +1574,15 @@ def main(args: list[str]) -> int:
             print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
             session.history.append({"role": "user", "content": args[0]})
             session.save()
+            # Before the first request only an estimate: the API has counted nothing yet.
+            used = session.tokens + estimate([args[0], registry.definitions()])
+            report_budget(used, window, " · estimated")
         else:
             # The same system prompt first, every request: it is the cacheable prefix.
             session = create_session([{"role": "system", "content": BASE_PROMPT}, {"role": "user", "content": args[0]}])
             print(f"[new session {session.id}]", file=sys.stderr)
+            used = estimate([session.history, registry.definitions()])
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
-        resumed = session.tokens + estimate(args[0]) if resume_id is not None else None  # the file, the new request
-        used = estimate(registry.definitions()) + (resumed or estimate([session.history]))
-        if resume_id is not None:  # before the first request only an estimate: the API has counted nothing yet
-            report_budget(used, window, " · estimated")
         status = run(session, window, used)
         print(hint.lstrip(), file=sys.stderr)
         return status
@@ -1675,15 +1675,17 @@ def make_room(client: openai.OpenAI, session: Session, window: int, refusal: Too
     )
     while True:
         try:
-            if compact(client, session, window) or reply_tokens(window) < asked:
-                return window
-            raise refusal
-        except TooLong as again:
-            if window <= MIN_WINDOW or again is refusal:
+            compacted = compact(client, session, window)
+        except TooLong as again:  # the summary request was refused too: the window is smaller still
+            if window <= MIN_WINDOW:
                 raise refusal from None
             named = again.window if again.window and again.window < window else None
             window = max(MIN_WINDOW, named or window // 2)  # the window it names, or half the guess
             print(f"warning: the summary request was refused too; trying a {window:,}-token window", file=sys.stderr)
+            continue
+        if compacted or reply_tokens(window) < asked:
+            return window
+        raise refusal
 
 
 def stop(number: int, frame: object) -> None:
