@@ -485,7 +485,7 @@ def figure_compacted(tmp: Path, window: int = 32_000) -> list[Row]:
         env = {**agent_env(tmp, provider.url), "CONTEXT_WINDOW": str(window)}
         for number, size in ((6, 5 * MB), (7, 50 * MB)):
             say(f"8/8 resume after a compaction, {size // MB} MB session")
-            body, count = workload.body_of_size(size, seed=number)
+            body, _ = workload.body_of_size(size, seed=number)
             tail = [json.loads(line)["message"] for line in body.splitlines()[-40:]]
             kept = len(tail) - max(i for i, m in enumerate(tail) if m["role"] == "user")  # the last round
             summary = "The user asked for a refactor of the session loader; done so far: " + "tests pass. " * 150

@@ -58,6 +58,24 @@ def new_session_id(stderr: str) -> str:
     return match.group(1)
 
 
+def session_file(workdir: Path, stderr: str) -> Path:
+    """The file of the session whose ID a run printed."""
+    return workdir / ".sessions" / f"{new_session_id(stderr)}.jsonl"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+# Control characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, bidi controls.
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def assert_no_control(where: str, text_: str) -> None:
+    found = sorted(set(CONTROL.findall(text_)))
+    assert not found, f"raw control characters {found!r} reached {where}: {text_!r}"
+
+
 def chapter_output(chapter: int | str, result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """The run as a chapter before 11 prints it. A session program starts stderr with
     `[new session ID]` and ends it with the resume hint for that same ID: both are

@@ -312,9 +312,7 @@ def test_a_symlink_loop_is_an_error_not_a_crash(provider: FakeProvider, workdir:
     assert project_files(chapter, workdir) == ["loop", "ok.txt"]
 
 
-def test_writing_to_a_symlink_loop_is_an_error(
-    provider: FakeProvider, workdir: Path, chapter: int | str, request: pytest.FixtureRequest
-) -> None:
+def test_writing_to_a_symlink_loop_is_an_error(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     os.symlink("loop", workdir / "loop")
     run(chapter, provider, workdir, calls(("write", "write_file", {"path": "loop", "content": "x\n"})), text("Done."))
     got = results(provider)

@@ -324,9 +324,7 @@ def test_restore_from_an_unreadable_backup_changes_nothing(
     assert [path.name for path in (workdir / ".trash").iterdir()] == [backup.name]
 
 
-def test_restore_onto_a_symlink_loop_is_a_clean_error(
-    workdir: Path, chapter: int | str, request: pytest.FixtureRequest
-) -> None:
+def test_restore_onto_a_symlink_loop_is_a_clean_error(workdir: Path, chapter: int | str) -> None:
     """`ln -s loop loop`, and a backup of `loop` in .trash: -restore loop fails in one line (before
     Python 3.13 finding the backup's key raised RuntimeError), and changes nothing."""
     os.symlink("loop", workdir / "loop")

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import resource
 import socket
 import stat
@@ -41,6 +40,7 @@ from fake_provider import FakeProvider, sequence_error, text, tool_call
 from helpers import (
     SESSION_ID,
     appended,
+    assert_no_control,
     assert_ok,
     assert_one_error_line,
     call,
@@ -53,6 +53,7 @@ from helpers import (
     results,
     resumed,
     session_bytes,
+    session_file,
     snapshot,
     stderr_lines,
     warnings,
@@ -62,7 +63,6 @@ TASK = "Work on the files."
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 USER = {"role": "user", "content": "Remember the number 42"}
 ANSWER = {"role": "assistant", "content": "I will remember 42."}
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def mode(path: Path) -> int:
@@ -72,10 +72,6 @@ def mode(path: Path) -> int:
 def leftovers(root: Path) -> list[str]:
     """Temporary files an interrupted write would leave (agent.py names them .agent-*.tmp)."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name.endswith(".tmp"))
-
-
-def session_of(workdir: Path, stderr: str) -> Path:
-    return workdir / ".sessions" / f"{new_session_id(stderr)}.jsonl"
 
 
 def file_size_limit(limit: int) -> Callable[[], None]:
@@ -295,7 +291,7 @@ def test_a_full_disk_during_write_file(provider: FakeProvider, workdir: Path) ->
     ]
     assert (workdir / "notes.txt").read_text() == "old notes\n"
     assert leftovers(workdir) == []
-    assert [m["role"] for m in disk_messages(session_of(workdir, result.stderr))] == [
+    assert [m["role"] for m in disk_messages(session_file(workdir, result.stderr))] == [
         "system",
         "user",
         "assistant",
@@ -330,26 +326,7 @@ def test_the_tool_results_on_a_full_disk(workdir: Path) -> None:
     assert {p.read_text() for p in (workdir / ".trash").iterdir()} == {"old bytes\n"}
 
 
-# ---------------------------------------------------------------- 7. a last record without its newline
-
-
-def test_a_complete_last_record_without_a_newline_is_kept(provider: FakeProvider, workdir: Path) -> None:
-    path = put_session(workdir, session_bytes(SYSTEM, USER, ANSWER)[:-1])  # a hand edit lost the last newline
-    before = path.read_bytes()
-    provider.script(text("It is 42."))
-    result = run_agent("final", "-c", SESSION_ID, "What was the number?", provider=provider, cwd=workdir)
-    assert_ok(result, stdout="It is 42.\n")
-    assert resumed(result.stderr) == (SESSION_ID, 3)
-    assert warnings(result.stderr) == []
-    assert provider.chat_requests[0]["messages"][1:] == [
-        USER,
-        ANSWER,
-        {"role": "user", "content": "What was the number?"},
-    ]
-    assert [r["message"] for r in appended(before + b"\n", path.read_bytes())] == [
-        {"role": "user", "content": "What was the number?"},
-        {"role": "assistant", "content": "It is 42."},
-    ]
+# 7, a last record without its newline: tests/test_ex11.py::test_a_last_record_without_its_newline_is_kept[final].
 
 
 # ---------------------------------------------------------------- 8. a long Chinese file name
@@ -446,7 +423,7 @@ def test_read_file_refuses_what_never_ends_and_reads_a_huge_file_in_parts(
     )
     assert got["end"] == FIVE_MB[-LINE:].decode()
     assert got["bad"] == "error: offset must be a whole number of bytes, at least 0"
-    assert session_of(workdir, result.stderr).stat().st_size < 4 * 32 * 1024
+    assert session_file(workdir, result.stderr).stat().st_size < 4 * 32 * 1024
 
 
 @pytest.mark.parametrize("key", [TEST_KEY, "ollama"], ids=["a key", "a key too short to look for"])
@@ -582,7 +559,7 @@ def test_list_shows_a_hostile_prompt_escaped(workdir: Path) -> None:
     put_session(workdir, session_bytes(SYSTEM, prompt, ANSWER))
     listed = run_agent("final", "-list", provider=None, cwd=workdir, timeout=30)
     assert listed.returncode == 0, listed.stderr
-    assert not CONTROL.findall(listed.stdout), listed.stdout
+    assert_no_control("-list", listed.stdout)
     assert r"hi\x1b]52;c;Y3VybCBldmls\x07\x1b[2J\u202eevil" in listed.stdout
 
 
@@ -852,7 +829,7 @@ NOT_UTF8 = os.fsdecode(b"a\xffb")  # a file name with a byte that is not UTF-8, 
 
 def test_restore_of_a_name_that_is_not_utf8(provider: FakeProvider, workdir: Path) -> None:
     """The model reads and rewrites a\\xffb (its JSON names it "a\\udcffb"), which backs it up; then
-    `-restore $'a\\xffb'` works, or fails in one line."""
+    `-restore $'a\\xffb'` brings the old text back."""
     (workdir / NOT_UTF8).write_text("old\n")
     provider.script(
         tool_call("read_file", '{"path": "a\\udcffb"}', call_id="read"),
@@ -864,10 +841,6 @@ def test_restore_of_a_name_that_is_not_utf8(provider: FakeProvider, workdir: Pat
     assert results(provider)["write"].startswith("wrote 4 bytes to a"), results(provider)
     assert (workdir / NOT_UTF8).read_text() == "new\n"
     restored = run_agent("final", "-restore", b"a\xffb", provider=None, cwd=workdir, timeout=30)  # type: ignore[arg-type]
-    assert "Traceback" not in restored.stderr, restored.stderr
-    if restored.returncode == 0:
-        assert restored.stdout.startswith("restored .trash/"), restored.stdout
-        assert (workdir / NOT_UTF8).read_text() == "old\n"
-    else:
-        assert_one_error_line(restored)
-        assert (workdir / NOT_UTF8).read_text() == "new\n"
+    assert restored.returncode == 0 and "Traceback" not in restored.stderr, restored.stderr
+    assert restored.stdout.startswith("restored .trash/"), restored.stdout
+    assert (workdir / NOT_UTF8).read_text() == "old\n"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import select
 import shutil
 import signal
@@ -36,6 +35,7 @@ from fake_provider import FakeProvider, raw, sequence_error, sse, text, tool_cal
 from helpers import (
     Live,
     alive,
+    assert_no_control,
     assert_ok,
     calls,
     disk_messages,
@@ -44,6 +44,7 @@ from helpers import (
     new_session_id,
     results,
     resumed,
+    session_file,
     snapshot,
     stderr_lines,
 )
@@ -51,19 +52,6 @@ from helpers import (
 TASK = "Do what the files say."
 DENIED = "error: permission denied — the user did not approve this"
 OWN_RECORDS = "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
-
-
-# Control characters a terminal acts on instead of showing: C0 but tab and newline, DEL, C1, bidi controls.
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def assert_no_control(where: str, text_: str) -> None:
-    found = sorted(set(CONTROL.findall(text_)))
-    assert not found, f"raw control characters {found!r} reached {where}: {text_!r}"
-
-
-def session_path(workdir: Path, stderr: str) -> Path:
-    return workdir / ".sessions" / f"{new_session_id(stderr)}.jsonl"
 
 
 def bodies(provider: FakeProvider) -> bytes:
@@ -377,7 +365,7 @@ def test_control_sequences_from_the_model_are_shown_escaped(provider: FakeProvid
     assert got["sneaky"] == DENIED + " command"
     assert got["name"].startswith("error: unknown tool 'bash\\x1b[2J")
     assert got["args"] == "error: the arguments are not valid JSON; send one JSON object"
-    stored = disk_messages(session_path(workdir, result.stderr))
+    stored = disk_messages(session_file(workdir, result.stderr))
     assert stored[2]["tool_calls"][1]["function"]["name"] == EVIL_NAME
     assert stored[2]["tool_calls"][2]["function"]["arguments"] == RAW_ARGUMENTS
     assert stored[-1] == {"role": "assistant", "content": ANSWER}
@@ -439,7 +427,7 @@ def test_the_api_key_never_reaches_the_history_the_model_or_a_command(provider: 
     assert got["echo"] == "[] []\n"
     assert "OPENAI_API_KEY=[OPENAI_API_KEY removed]" in got["proc"]
     assert got["read"] == got["cat"] == "OPENAI_API_KEY=[OPENAI_API_KEY removed]\n"
-    session = session_path(workdir, result.stderr).read_bytes()
+    session = session_file(workdir, result.stderr).read_bytes()
     for where, data in (
         ("the session file", session),
         ("a request body", bodies(provider)),
@@ -614,7 +602,7 @@ def test_the_key_cut_by_bash_s_tail_or_a_read_s_edges_is_never_sent(provider: Fa
     got = results(provider)
     assert got["tail-1"].startswith("[... first ") and got["tail-1"].endswith("y" * 100)
     assert got["at-16"].endswith("z" * 100) and got[f"end-{size - 1}"].startswith("x" * 100)
-    session = session_path(workdir, result.stderr).read_bytes()
+    session = session_file(workdir, result.stderr).read_bytes()
     for where, data in (
         ("the session file", session),
         ("a request body", bodies(provider)),
@@ -656,10 +644,10 @@ def test_the_key_split_across_streamed_chunks_is_never_shown_sent_or_stored(
     redacted = json.dumps({"path": "leak.txt", "content": f"key={KEY_GONE}"})
     assert f"[round 1] write_file({redacted})" in stderr_lines(result.stderr)
     assert (workdir / "leak.txt").read_text() == f"key={KEY_GONE}"
-    stored = disk_messages(session_path(workdir, result.stderr))
+    stored = disk_messages(session_file(workdir, result.stderr))
     assert stored[2]["content"] == shown and stored[2]["tool_calls"][0]["function"]["arguments"] == redacted
     for where, data in (
-        ("the session file", session_path(workdir, result.stderr).read_bytes()),
+        ("the session file", session_file(workdir, result.stderr).read_bytes()),
         ("a request body", bodies(provider)),
         ("stdout and stderr", (result.stdout + result.stderr).encode()),
         ("the file written", (workdir / "leak.txt").read_bytes()),
@@ -677,7 +665,7 @@ def test_an_answer_that_ends_like_the_key_s_beginning_is_shown_whole(provider: F
     result = run_agent("final", TASK, provider=provider, cwd=workdir)
     answer = "".join(pieces)
     assert_ok(result, stdout=answer + "\n")
-    assert disk_messages(session_path(workdir, result.stderr))[-1] == {"role": "assistant", "content": answer}
+    assert disk_messages(session_file(workdir, result.stderr))[-1] == {"role": "assistant", "content": answer}
 
 
 def test_the_file_tools_do_not_change_a_file_that_holds_the_key(provider: FakeProvider, workdir: Path) -> None:
@@ -739,24 +727,7 @@ def test_git_and_the_agent_s_records_in_another_case_and_an_executable_hook(
     assert without_sessions(snapshot(workdir)) == without_sessions(before)
 
 
-# ---------------------------------------------------------------- 6. a stray "path" reads nothing
-
-
-def test_a_path_key_on_bash_does_not_count_as_reading_the_file(provider: FakeProvider, workdir: Path) -> None:
-    """Read before write holds against a model that adds "path" to a bash call: the file was not read."""
-    (workdir / "a.txt").write_text("precious\n")
-    provider.script(
-        tool_call("bash", {"command": "pwd", "path": "a.txt"}, call_id="sly"),
-        tool_call("write_file", {"path": "a.txt", "content": "overwritten\n"}, call_id="write"),
-        text("Done."),
-    )
-    result = run_agent("final", TASK, provider=provider, cwd=workdir)
-    assert_ok(result, stdout="Done.\n")
-    got = results(provider)
-    assert got["sly"] == f"{workdir}\n"
-    assert got["write"].startswith("error: a.txt already exists and has not been read"), got["write"]
-    assert (workdir / "a.txt").read_text() == "precious\n"
-    assert not (workdir / ".trash").exists()
+# 6, a stray "path" key reads nothing: tests/test_ex07.py::test_a_path_key_on_bash_does_not_count_as_reading_the_file.
 
 
 # ---------------------------------------------------------------- 16. ids that break a conversation
@@ -804,7 +775,7 @@ def test_missing_and_repeated_tool_call_ids_still_make_a_valid_conversation(
     outputs = [m["content"] for m in provider.chat_requests[-1]["messages"] if m["role"] == "tool"]
     assert outputs == ["one\n", "two\n", "three\n", "four\n", "five\n"]  # every call ran, each once
 
-    path = session_path(workdir, result.stderr)
+    path = session_file(workdir, result.stderr)
     stored = disk_messages(path)
     assert [[c["id"] for c in m["tool_calls"]] for m in stored if m.get("tool_calls")] == [
         ["dup", "dup"],
@@ -823,34 +794,6 @@ def test_missing_and_repeated_tool_call_ids_still_make_a_valid_conversation(
 
 # ---------------------------------------------------------------- 17. cut off, or too long to show
 
-CUT_OFF = (
-    "error: your reply was cut off by max_tokens before this call was complete, so it was not run; "
-    "make the call again with shorter arguments"
-)
-
-
-def test_a_call_cut_off_by_max_tokens_is_not_run(provider: FakeProvider, workdir: Path) -> None:
-    """finish_reason=length: the arguments may stop anywhere, also where they still parse, so no
-    call of that reply runs. The user is warned; the next request carries JSON arguments."""
-    provider.script(
-        calls(
-            ("whole", "write_file", {"path": "whole.txt", "content": "the first half of wh"}),
-            ("torn", "write_file", '{"path": "torn.txt", "content": "unterminated'),
-            finish="length",
-        ),
-        text("Done."),
-    )
-    result = run_agent("final", TASK, provider=provider, cwd=workdir)
-    assert_ok(result, stdout="Done.\n")
-    assert "warning: the reply was cut off by max_tokens; its tool calls were not run" in stderr_lines(result.stderr)
-    assert not (workdir / "whole.txt").exists() and not (workdir / "torn.txt").exists()
-    assert results(provider) == {"whole": CUT_OFF, "torn": CUT_OFF}
-    sent = provider.chat_requests[-1]["messages"]
-    assert_valid_request(sent)
-    for call_ in sent[2]["tool_calls"]:
-        assert isinstance(json.loads(call_["function"]["arguments"]), dict)
-
-
 LONG = "A" * 18_000
 
 
@@ -868,7 +811,7 @@ def test_long_calls_are_shortened_on_the_terminal_and_stored_whole(provider: Fak
     assert max(len(line) for line in result.stderr.splitlines()) < 2048
     round_lines = [line for line in result.stderr.splitlines() if line.startswith("[round 1] ")]
     assert len(round_lines) == 3 and all("more characters]" in line for line in round_lines), round_lines
-    stored = disk_messages(session_path(workdir, result.stderr))
+    stored = disk_messages(session_file(workdir, result.stderr))
     assert stored[2]["tool_calls"][0]["function"]["arguments"] == json.dumps(long_call)
     assert stored[2]["tool_calls"][1]["function"]["name"] == "x" * 18_000
     assert stored[2]["tool_calls"][2]["function"]["arguments"] == deep
@@ -891,7 +834,7 @@ def test_an_answer_the_output_encoding_cannot_show(provider: FakeProvider, workd
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == "????? ? caf\ufffd ?\n"  # é is latin-1 0xe9, which the test reads back as UTF-8
-    assert disk_messages(session_path(workdir, result.stderr))[-1]["content"] == answer
+    assert disk_messages(session_file(workdir, result.stderr))[-1]["content"] == answer
 
 
 # ---------------------------------------------------------------- 15. stopped at a question, or with children that hide
@@ -1005,7 +948,7 @@ def test_a_task_argument_that_is_not_utf8(provider: FakeProvider, workdir: Path)
     assert "Traceback" not in result.stderr, result.stderr
     assert_ok(result, stdout="Done.\n")
     assert provider.chat_requests[0]["messages"][-1]["content"].startswith("caf")
-    path = session_path(workdir, result.stderr)
+    path = session_file(workdir, result.stderr)
     path.read_bytes().decode("utf-8")
     assert disk_messages(path)[-1] == {"role": "assistant", "content": "Done."}
     again = run_agent("final", "-c", path.stem, "go on", provider=provider, cwd=workdir)

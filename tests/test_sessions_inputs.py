@@ -35,6 +35,7 @@ from helpers import (
     assert_ok,
     assert_one_error_line,
     call,
+    error_lines,
     header_line,
     message_line,
     put_session,
@@ -55,10 +56,6 @@ FOLLOW_UP = "What is my name?"
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def error_lines(result: subprocess.CompletedProcess) -> list[str]:
-    return [text_ for text_ in result.stderr.splitlines() if text_.startswith("error:")]
 
 
 def new_records(task: str, answer: str) -> list[dict]:
@@ -316,8 +313,8 @@ def test_full_disk_when_saving_the_follow_up(provider: FakeProvider, workdir: Pa
     )
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
-    assert len(error_lines(result)) == 1, result.stderr
-    assert error_lines(result)[0].startswith("error: cannot save session"), result.stderr
+    assert len(error_lines(result.stderr)) == 1, result.stderr
+    assert error_lines(result.stderr)[0].startswith("error: cannot save session"), result.stderr
     assert provider.requests == []  # nothing is asked before the question is on disk
     assert path.read_bytes() == before  # the partial record was taken back
 
@@ -341,8 +338,8 @@ def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path)
     result = run_agent("final", "-c", ID, "Read big.txt", provider=provider, cwd=workdir, options={"preexec_fn": limit})
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
-    assert len(error_lines(result)) == 1, result.stderr
-    assert "cannot save session" in error_lines(result)[0], result.stderr
+    assert len(error_lines(result.stderr)) == 1, result.stderr
+    assert "cannot save session" in error_lines(result.stderr)[0], result.stderr
     hint = f"[session {ID} — continue with: -c {ID}]"
     assert result.stderr.splitlines()[-1] == hint, result.stderr  # the rounds before it are safe: say how to go on
     assert len(provider.chat_requests) == 1
