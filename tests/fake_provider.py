@@ -81,6 +81,12 @@ def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def chunk(delta: Any, finish: Any = None, **top: Any) -> bytes:
+    """One SSE event holding a chat.completion.chunk with one choice (any field may be made wrong)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice], **top})
+
+
 def tool_call(name: str, args: Any, call_id: str | None = None, **kw: Any) -> Reply:
     """One tool call. `args` may be a dict (encoded) or a raw string (sent as is)."""
     return tool_calls([(name, args)], ids=[call_id] if call_id else None, **kw)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_KEY, run_agent
-from fake_provider import FakeProvider, raw, sequence_error, sse, text, tool_call
+from fake_provider import FakeProvider, chunk, raw, sequence_error, text, tool_call
 from helpers import (
     Live,
     alive,
@@ -615,12 +615,6 @@ def test_the_key_cut_by_bash_s_tail_or_a_read_s_edges_is_never_sent(provider: Fa
 KEY_GONE = "[OPENAI_API_KEY removed]"
 
 
-def delta_event(delta: dict, finish: str | None = None) -> bytes:
-    """One raw streamed chunk with one choice: a stream cut where the test says."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]})
-
-
 def test_the_key_split_across_streamed_chunks_is_never_shown_sent_or_stored(
     provider: FakeProvider, workdir: Path
 ) -> None:
@@ -629,14 +623,14 @@ def test_the_key_split_across_streamed_chunks_is_never_shown_sent_or_stored(
     the call is shown, stored and run with it removed: no piece of six characters or more of the
     key reaches the screen, a session byte, a request body or the file the call writes."""
     size = len(TEST_KEY)
-    answer = [delta_event({"role": "assistant", "content": ""})]
+    answer = [chunk({"role": "assistant", "content": ""})]
     for k in range(1, size):
-        answer += [delta_event({"content": f"cut {k}: {TEST_KEY[:k]}"}), delta_event({"content": f"{TEST_KEY[k:]}.\n"})]
+        answer += [chunk({"content": f"cut {k}: {TEST_KEY[:k]}"}), chunk({"content": f"{TEST_KEY[k:]}.\n"})]
     arguments = json.dumps({"path": "leak.txt", "content": f"key={TEST_KEY}"})
     first = {"index": 0, "id": "leak", "type": "function", "function": {"name": "write_file", "arguments": ""}}
-    call_ = [delta_event({"tool_calls": [first]})]
-    call_ += [delta_event({"tool_calls": [{"index": 0, "function": {"arguments": c}}]}) for c in arguments]
-    provider.script(raw(*answer, *call_, delta_event({}, "tool_calls"), b"data: [DONE]\n\n"), text("Done."))
+    call_ = [chunk({"tool_calls": [first]})]
+    call_ += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": c}}]}) for c in arguments]
+    provider.script(raw(*answer, *call_, chunk({}, "tool_calls"), b"data: [DONE]\n\n"), text("Done."))
     result = run_agent("final", TASK, provider=provider, cwd=workdir)
     assert_ok(result)
     shown = "".join(f"cut {k}: {KEY_GONE}.\n" for k in range(1, size))
@@ -661,7 +655,7 @@ def test_an_answer_that_ends_like_the_key_s_beginning_is_shown_whole(provider: F
     are held back until the next chunk or the end shows they are not the key: then they are shown
     and stored as they came, nothing lost and nothing redacted."""
     pieces = ["Name them test-key-", "driven, as in test-key-", "no key at all; the last is test-key-not-rea"]
-    provider.script(raw(*[delta_event({"content": piece}) for piece in pieces], delta_event({}, "stop")))
+    provider.script(raw(*[chunk({"content": piece}) for piece in pieces], chunk({}, "stop")))
     result = run_agent("final", TASK, provider=provider, cwd=workdir)
     answer = "".join(pieces)
     assert_ok(result, stdout=answer + "\n")
@@ -735,10 +729,6 @@ def test_git_and_the_agent_s_records_in_another_case_and_an_executable_hook(
 
 def no_id_call(command: str) -> bytes:
     """A raw streamed tool call with no "id" at all, then its finish."""
-
-    def chunk(delta: dict, finish: str | None = None) -> bytes:
-        return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})  # fmt: skip
 
     arguments = json.dumps({"command": command})
     call_ = {"index": 0, "type": "function", "function": {"name": "bash", "arguments": arguments}}

@@ -38,7 +38,7 @@ import pytest
 
 import conftest
 from conftest import TEST_KEY, hermetic_env, run_agent
-from fake_provider import FakeProvider, Reply, error, raw, sequence_error, sse, text, tool_call
+from fake_provider import FakeProvider, Reply, chunk, error, raw, sequence_error, sse, text, tool_call
 from helpers import (
     Live,
     assert_no_control,
@@ -52,12 +52,6 @@ from helpers import (
 )
 
 TASK = "Answer, please."
-
-
-def chunk(delta: object, finish: object = None, **top: object) -> bytes:
-    """One SSE event holding a chat.completion.chunk with one choice (any field may be made wrong)."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    return sse({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice], **top})
 
 
 def piece(**fields: object) -> bytes:
