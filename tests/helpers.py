@@ -301,6 +301,21 @@ def kill_quietly(pid: int | None) -> None:
             pass
 
 
+def read_until(pipe: Any, needle: bytes, seen: bytes = b"", count: int = 1, timeout: float = 30) -> bytes:
+    """Read a pipe until needle has appeared `count` times in seen and what was read; all of it."""
+    deadline = time.monotonic() + timeout
+    while seen.count(needle) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{needle!r} never appeared: {seen.decode(errors='replace')}")
+        if select.select([pipe.fileno()], [], [], left)[0]:
+            chunk = os.read(pipe.fileno(), 65536)
+            if not chunk:
+                raise AssertionError(f"the pipe closed before {needle!r}: {seen.decode(errors='replace')}")
+            seen += chunk
+    return seen
+
+
 class Live:
     """A program running as a subprocess, its stdout and stderr readable while it runs.
     Every wait is bounded; used as a context manager, it is killed if a test fails early."""
@@ -341,24 +356,10 @@ class Live:
 
     def wait_stderr(self, needle: str, count: int = 1, timeout: float = 30) -> None:
         """Read stderr until needle has appeared `count` times in all."""
-        self.err = self._wait(self.proc.stderr, self.err, needle.encode(), count, timeout)
+        self.err = read_until(self.proc.stderr, needle.encode(), self.err, count, timeout)
 
     def wait_stdout(self, needle: str, count: int = 1, timeout: float = 30) -> None:
-        self.out = self._wait(self.proc.stdout, self.out, needle.encode(), count, timeout)
-
-    @staticmethod
-    def _wait(pipe: Any, seen: bytes, needle: bytes, count: int, timeout: float) -> bytes:
-        deadline = time.monotonic() + timeout
-        while seen.count(needle) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{needle!r} never appeared: {seen.decode(errors='replace')}")
-            if select.select([pipe.fileno()], [], [], left)[0]:
-                chunk = os.read(pipe.fileno(), 65536)
-                if not chunk:
-                    raise AssertionError(f"the program exited before printing {needle!r}: {seen.decode()}")
-                seen += chunk
-        return seen
+        self.out = read_until(self.proc.stdout, needle.encode(), self.out, count, timeout)
 
     def signal(self, number: int) -> None:
         if self.proc.poll() is None:
