@@ -40,6 +40,7 @@ from fake_provider import FakeProvider, Reply, chunk, error, raw, sequence_error
 from helpers import (
     Live,
     assert_no_control,
+    assert_ok,
     assert_one_error_line,
     disk_messages,
     error_lines,
@@ -105,8 +106,7 @@ def resume(provider: FakeProvider, workdir: Path, session_id: str) -> list[dict]
     provider.replies.clear()
     provider.script(text("Recovered."))
     result = run_agent("final", "-c", session_id, "again", provider=provider, cwd=workdir, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr and result.stdout == "Recovered.\n", result.stderr
+    assert_ok(result, "Recovered.\n")
     assert resumed(result.stderr)[0] == session_id
     sent = provider.chat_requests[-1]["messages"]
     assert sequence_error(sent) is None, sent
