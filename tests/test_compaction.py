@@ -298,3 +298,25 @@ def test_a_resumed_estimate_counts_the_history_not_the_file(
     first = budget_lines(result.stderr)[0]
     assert first.estimated and first.used < 4000, result.stderr  # EARLIER is about 2,000 tokens
     assert summary_requests(provider) == []
+
+
+def test_a_window_too_small_for_any_summary_ends_the_run_at_the_floor(provider: FakeProvider, workdir: Path) -> None:
+    """A server of 200 tokens that names no window: the guess is halved while the summary requests are
+    refused, down to 1,000 tokens and no further; then the first refusal is the run's one error line."""
+    history = [EARLIER[0]]
+    for n in range(20):
+        history += [
+            {"role": "user", "content": f"question {n} " * 20},
+            {"role": "assistant", "content": "answer " * 200},
+        ]
+    put_session(workdir, session_bytes(*history))
+    small_server(provider, "unnamed", limit=200)
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir, MODEL="deepseek-chat")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    lines = stderr_lines(result.stderr)
+    assert lines[-2] == "error: HTTP 400: the input length exceeds the context length" and lines[-1] == hint(SESSION_ID)
+    assert [line for line in lines if line.startswith("error:")] == [lines[-2]], result.stderr
+    tried = [number(w.split("trying a ")[1].split("-token")[0]) for w in warnings(result.stderr) if "trying a " in w]
+    assert tried and tried[-1] == 1000 and tried == sorted(tried, reverse=True), result.stderr
+    assert all(r["refused"] for r in provider.requests)  # nothing got through, nothing was folded
+    assert "compaction" not in (workdir / ".sessions" / f"{SESSION_ID}.jsonl").read_text()
