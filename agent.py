@@ -1178,10 +1178,15 @@ def split_point(history: list[dict], window: int) -> int | None:
 
     Real work is often one request and dozens of tool rounds: when no user message
     will do, the tail starts at a round of the model's instead (an assistant
-    message: its tool results follow it, so no call is parted from them)."""
+    message: its tool results follow it, so no call is parted from them). And
+    when even the last round is larger than the budget (a long file read into a
+    small window), it is kept alone: everything before it is folded, which is the
+    most room a compaction can make."""
     budget = min(KEEP_FRACTION, BUDGET_FRACTION / 2) * window
+    from_the_end = range(len(history) - 1, 1, -1)  # history[1], the first request, is always folded
+    last_round = next((index for index in from_the_end if history[index]["role"] in ("user", "assistant")), None)
     tail, split, round_split = 0, None, None
-    for index in range(len(history) - 1, 1, -1):  # history[1], the first request, is always folded
+    for index in from_the_end:
         tail += estimate([history[index]])
         if tail > budget:
             break
@@ -1189,7 +1194,7 @@ def split_point(history: list[dict], window: int) -> int | None:
             split = index
         if history[index]["role"] == "assistant":
             round_split = index
-    return split or round_split
+    return split or round_split or last_round
 
 
 def summarize(client: openai.OpenAI, messages: list[dict], window: int, carried: str = "") -> str:

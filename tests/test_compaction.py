@@ -146,19 +146,33 @@ def test_a_server_that_counts_the_reply_in_its_window_gets_a_reply_that_fits(
     assert retry["body"]["messages"] == refused["body"]["messages"]
 
 
+def test_a_first_request_over_the_window_has_nothing_to_fold(provider: FakeProvider, workdir: Path) -> None:
+    """A task longer than the server's window: nothing to fold, so the same request goes once more
+    with a smaller max_tokens (DeepSeek counts the reply), is refused too, and that ends the run."""
+    small_server(provider, limit=650)
+    provider.script(text("never sent"))
+    result = run_agent("final", "Summarize: " + "word " * 1000, provider=provider, cwd=workdir, MODEL="deepseek-chat")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    lines = stderr_lines(result.stderr)
+    assert lines[-2].startswith("error: HTTP 400: ") and lines[-1] == hint(new_session_id(result.stderr))
+    assert any(line.startswith("warning: cannot compact") for line in lines), result.stderr
+    assert [("tools" in r["body"], r["refused"]) for r in provider.requests] == [(True, True), (True, True)]
+    first, second = provider.chat_requests
+    assert second["max_tokens"] < first["max_tokens"] and second["messages"] == first["messages"]
+
+
 @pytest.mark.parametrize(
-    ("repeat", "shown", "requests"),
+    ("repeat", "requests"),
     [
-        # The result of round 1 fills more than the tail can keep: nothing to fold; the
-        # same request with a smaller max_tokens (DeepSeek counts the reply) is refused too.
-        (100, "warning: cannot compact", [(True, False), (True, True), (True, True)]),
         # Folded, but the system prompt, the tools and the summary alone nearly fill the window.
-        (60, "[compacted: 1 messages", [(True, False), (True, True), (False, False), (True, True)]),
+        (60, [(True, False), (True, True), (False, False), (True, True)]),
+        # The result of round 1 alone is more than the window: all before it folded, still too long.
+        (100, [(True, False), (True, True), (False, False), (True, True)]),
     ],
-    ids=["cannot compact", "refused once more"],
+    ids=["refused once more", "the last round alone too long"],
 )
 def test_a_refusal_that_compaction_cannot_cure_ends_the_run_with_one_error(
-    provider: FakeProvider, workdir: Path, repeat: int, shown: str, requests: list[tuple[bool, bool]]
+    provider: FakeProvider, workdir: Path, repeat: int, requests: list[tuple[bool, bool]]
 ) -> None:
     """The request is sent once more after a compaction, and no more."""
     small_server(provider, limit=650)
@@ -169,7 +183,7 @@ def test_a_refusal_that_compaction_cannot_cure_ends_the_run_with_one_error(
     session_id = new_session_id(result.stderr)
     lines = stderr_lines(result.stderr)
     assert lines[-2].startswith("error: HTTP 400: ") and lines[-1] == hint(session_id), result.stderr
-    assert any(line.startswith(shown) for line in lines), result.stderr
+    assert any(line.startswith("[compacted: 1 messages") for line in lines), result.stderr
     # (offers tools, refused): round 1, round 2 refused, [its summary, round 2 refused again]
     assert [("tools" in r["body"], r["refused"]) for r in provider.requests] == requests
     assert provider.remaining == 1
@@ -320,3 +334,22 @@ def test_a_window_too_small_for_any_summary_ends_the_run_at_the_floor(provider: 
     assert tried and tried[-1] == 1000 and tried == sorted(tried, reverse=True), result.stderr
     assert all(r["refused"] for r in provider.requests)  # nothing got through, nothing was folded
     assert "compaction" not in (workdir / ".sessions" / f"{SESSION_ID}.jsonl").read_text()
+
+
+def test_a_last_round_larger_than_the_tail_is_kept_alone_and_the_rest_folded(
+    provider: FakeProvider, workdir: Path
+) -> None:
+    """A 6 KB file read twice against a 3,000-token llama.cpp server: the second read's round is
+    over the 900 tokens a tail may take, and nothing shorter ends the history. Everything before
+    that round is folded, and the turn goes on (it used to end with the refusal, at every -c)."""
+    (workdir / "notes.txt").write_text("note line\n" * 600)
+    small_server(provider, "llamacpp", limit=3000)
+    provider.script(tool_call("read_file", {"path": "notes.txt"}, call_id="first"), text("One line, repeated."))
+    assert_ok(run_agent("final", "Read notes.txt", provider=provider, cwd=workdir, MODEL="deepseek-chat"))
+    provider.script(tool_call("read_file", {"path": "notes.txt"}, call_id="second"), text("Still the same."))
+    again = run_agent("final", "-c", "last", "Read it again", provider=provider, cwd=workdir, MODEL="deepseek-chat")
+    assert_ok(again, "Still the same.\n")
+    assert assert_recovered(provider) == 1
+    sent = provider.chat_requests[-1]["messages"]
+    assert sent[1] == summary_message(SUMMARY_TEXT) and [m["role"] for m in sent[2:]] == ["assistant", "tool"]
+    assert sent[2]["tool_calls"][0]["id"] == "second"  # the last round, kept whole
