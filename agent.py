@@ -1170,7 +1170,7 @@ files, names and commands that came up; what is unfinished, and what was
 about to happen next."""
 
 
-def split_point(history: list[dict], window: int) -> int | None:
+def split_point(history: list[dict], window: int, last_resort: bool = False) -> int | None:
     """Where the kept tail starts: before a user message, never between a tool call
     and its results, and as early as the tail's budget allows. The budget is at
     most half the trigger, so one compaction brings the conversation back under
@@ -1179,9 +1179,10 @@ def split_point(history: list[dict], window: int) -> int | None:
     Real work is often one request and dozens of tool rounds: when no user message
     will do, the tail starts at a round of the model's instead (an assistant
     message: its tool results follow it, so no call is parted from them). And
-    when even the last round is larger than the budget (a long file read into a
-    small window), it is kept alone: everything before it is folded, which is the
-    most room a compaction can make."""
+    as a last resort, after the server refused a request, when even the last
+    round is larger than the budget (a long file read into a small window), it
+    is kept alone: everything before it is folded, the most room a compaction can
+    make. Not before a refusal: a request that still fits keeps the user's words."""
     budget = min(KEEP_FRACTION, BUDGET_FRACTION / 2) * window
     from_the_end = range(len(history) - 1, 1, -1)  # history[1], the first request, is always folded
     last_round = next((index for index in from_the_end if history[index]["role"] in ("user", "assistant")), None)
@@ -1194,7 +1195,7 @@ def split_point(history: list[dict], window: int) -> int | None:
             split = index
         if history[index]["role"] == "assistant":
             round_split = index
-    return split or round_split or last_round
+    return split or round_split or (last_round if last_resort else None)
 
 
 def summarize(client: openai.OpenAI, messages: list[dict], window: int, carried: str = "") -> str:
@@ -1248,14 +1249,14 @@ def shortened(text: str, limit: int) -> str:
     return f"{text[: limit // 2]}\n[... {len(text) - limit:,} characters cut ...]\n{text[-(limit // 2) :]}"
 
 
-def compact(client: openai.OpenAI, session: Session, window: int) -> bool:
+def compact(client: openai.OpenAI, session: Session, window: int, last_resort: bool = False) -> bool:
     """Fold the older part of the conversation into a summary the model writes; True
     if it did. A failure is only a warning: the turn goes on with the whole conversation.
     But a summary request refused as too long raises TooLong: the window is smaller
     than believed, and that is for the caller to act on."""
     import openai
 
-    split = split_point(session.history, window)
+    split = split_point(session.history, window, last_resort)
     if split is None:
         print(
             "warning: cannot compact: there is no earlier part to fold, or the latest fills the part kept",
@@ -1680,7 +1681,7 @@ def make_room(client: openai.OpenAI, session: Session, window: int, refusal: Too
     )
     while True:
         try:
-            compacted = compact(client, session, window)
+            compacted = compact(client, session, window, last_resort=True)
         except TooLong as again:  # the summary request was refused too: the window is smaller still
             if window <= MIN_WINDOW:
                 raise refusal from None

@@ -151,8 +151,9 @@ def histories(seed: int, count: int) -> list[list[dict]]:
 def test_the_tail_starts_as_early_as_its_budget_allows_at_a_request(loaded, request: pytest.FixtureRequest) -> None:
     """Exhaustively: the tail fits 30% of the window (never more than half the trigger),
     starts at a user message (agent.py: at an assistant message when no user message
-    will do, and at the last round when nothing fits), and is the longest that does;
-    what remains is a valid conversation, and a record of it is one the loader takes."""
+    will do, and, after a refusal, at the last round when nothing fits), and is the
+    longest that does; what remains is a valid conversation, and a record of it is one
+    the loader takes."""
     final = request.node.callspec.params["loaded"] == "final"
     checked = folded = last_only = 0
     for history in histories(seed=13, count=150):
@@ -162,10 +163,13 @@ def test_the_tail_starts_as_early_as_its_budget_allows_at_a_request(loaded, requ
             fits = [j for j in range(2, len(history)) if tail[j] <= budget]  # history[1], the task, is always folded
             users = [j for j in fits if history[j]["role"] == "user"]
             rounds = [j for j in fits if history[j]["role"] == "assistant"] if final else []
-            last = [j for j in range(2, len(history)) if history[j]["role"] in ("user", "assistant")][-1:]
-            expected = min(users or rounds, default=last[0] if final and last else None)
+            expected = min(users or rounds, default=None)
             split = loaded.split_point(history, window)
             assert split == expected, (window, [m["role"] for m in history], tail)
+            if final and split is None:  # after a refusal: the last round alone, all else folded
+                last = [j for j in range(2, len(history)) if history[j]["role"] in ("user", "assistant")][-1]
+                split = loaded.split_point(history, window, last_resort=True)
+                assert split == last, (window, [m["role"] for m in history], tail)
             checked += 1
             if split is None:
                 continue
