@@ -175,7 +175,24 @@ WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its comma
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
 READ_CAP = 32 * 1024  # bytes of a file one read_file returns: the history carries it into every later request
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
+# Every signal that would end the agent stops it as Ctrl-C does (the running command's
+# group killed, what is complete saved, the hint printed): Ctrl-C, kill, a closed
+# terminal, Ctrl-\ (SIGQUIT), and every other whose default is to end a process
+# (SIGUSR1, SIGALRM, the real-time signals). Not those whose default is to go on
+# (SIGCHLD, SIGWINCH) or to pause (Ctrl-Z), the faults (Python cannot go on after
+# one), SIGKILL and SIGSTOP (no program can catch them), nor a signal ignored when
+# the agent starts (nohup's SIGHUP, Python's SIGPIPE): it stays ignored.
+NOT_STOPS = {
+    getattr(signal, name)
+    for name in ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH", "SIGINFO", "SIGTSTP", "SIGTTIN", "SIGTTOU")
+    + ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGKILL", "SIGSTOP")
+    if hasattr(signal, name)
+}
+STOP_SIGNALS = tuple(
+    number
+    for number in sorted(signal.valid_signals())
+    if number not in NOT_STOPS and signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler)
+)
 # The environment commands run in: ours without the key, under any name or inside any value.
 WITHOUT_KEY = {
     name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY" and not (API_KEY and API_KEY in value)
@@ -811,7 +828,7 @@ def open_session(wanted: str) -> Session:
         with open(fd, "rb", closefd=False) as file:
             data = file.read()
         tail = data[data.rfind(b"\n") + 1 :]  # after the last newline: nothing, or a write cut short
-        if isinstance(parsed(tail), dict):  # a whole record whose newline is missing (a hand edit): keep it
+        if tail and not torn(tail):  # a whole record whose newline is missing (a hand edit), or blanks: keep it
             os.write(fd, b"\n")
             data += b"\n"
         elif tail:
@@ -900,6 +917,13 @@ def parsed(line: bytes) -> object:
         return json.loads(line.decode())
     except (ValueError, RecursionError):
         return None
+
+
+def torn(tail: bytes) -> bool:
+    """Is a last line without a newline a write cut short? Not if it is a whole record
+    (a hand edit, a CRLF file's last \\r, spaces after it) or only blanks: a resume keeps
+    those, and -list, which asks this too, says what a resume would find."""
+    return bool(tail.strip()) and not isinstance(parsed(tail), dict)
 
 
 def parse_session(data: bytes) -> tuple[list[dict], list[int]]:
@@ -1051,17 +1075,26 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
     It costs what reading the bytes costs, not a parse. How: the file is mapped,
     not read, so nothing is copied; each newline is found by mmap.find (a
     memchr in C); one regular expression matched at the line's start names the
-    record's kind, in place (on the mapping: no slice is made). Two lines are
-    parsed: the header and the first request. A line damaged inside (bad JSON,
-    bytes that are not UTF-8) is the loader's to find: a resume names it by number."""
-    count, compacted, damaged, created, prompt = 0, False, False, "?", ""
+    record's kind, in place (on the mapping: no slice is made). Only what it
+    cannot name is parsed: the header, the first request, a record in another
+    spelling (spaces before it, its keys in another order), and a last line
+    without a newline, which is torn only if a resume would cut it. A line
+    damaged inside (bad JSON, bytes that are not UTF-8) is the loader's to find:
+    a resume names it by number."""
+    count, compacted, damaged, torn_tail, created, prompt = 0, False, False, False, "?", ""
     start = 0
-    while (end := data.find(b"\n", start)) >= 0:
-        kind = RECORD_KIND.match(data, start, end)
-        kind = kind and kind[1]
+    while start < len(data):
+        end = data.find(b"\n", start)
+        if end < 0:  # the last line, with no newline after it
+            end = len(data)
+            if torn(data[start:end]):
+                torn_tail = True
+                break
+        match = RECORD_KIND.match(data, start, end)
+        kind = match[1] if match else kind_of(data[start:end])
         if kind == b"message":
             count += 1
-            if not prompt and USER_ROLE.search(data, start, min(end, start + 64)):
+            if not prompt and (not match or USER_ROLE.search(data, start, min(end, start + 64))):
                 prompt = first_words(data[start:end])
         elif kind == b"compaction":
             compacted = True
@@ -1072,14 +1105,23 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
             damaged = True
         start = end + 1
     marks = ["compacted"] if compacted else []  # not damage, but a mark of the same kind: the count is of the file
-    marks += (["damaged lines"] if damaged else []) + (["torn tail"] if start < len(data) else [])
+    marks += (["damaged lines"] if damaged else []) + (["torn tail"] if torn_tail else [])
     return count, marks, created, prompt
 
 
+def kind_of(line: bytes) -> bytes | None:
+    """The kind of a record RECORD_KIND does not recognize, as the loader reads it; None if it is no record."""
+    record = parsed(line) if line.strip() else None
+    kind = record.get("type") if isinstance(record, dict) else None
+    return kind.encode() if kind in ("message", "compaction", "meta") else None
+
+
 def first_words(line: bytes) -> str:
-    """The text of a user message line, on one line; "" if it does not parse."""
-    with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
-        return " ".join(str(json.loads(line)["message"]["content"]).split())
+    """The text of a user message line, on one line; "" if it is not one or does not parse."""
+    with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError, AttributeError):
+        message = json.loads(line)["message"]
+        if message["role"] == "user":
+            return " ".join(str(message["content"]).split())
     return ""
 
 

@@ -331,6 +331,77 @@ def test_list_shows_every_session_with_its_details(provider: FakeProvider, workd
     assert "a damaged one" in line
 
 
+def spelled(
+    separator: bytes = b"\n", end: bytes = b"", indent: bytes = b"", reorder: bool = False, compact: bool = False
+) -> bytes:
+    """A session of three messages, by hand, in a spelling the loader accepts: its line ending,
+    what follows the last record instead of it, spaces before each record, keys in another order,
+    the Go edition's compact separators."""
+    messages = [SYSTEM, {"role": "user", "content": "spelled"}, {"role": "assistant", "content": "ok"}]
+    meta = {"type": "meta", "id": SESSION_ID, "created_at": "2026-08-01T09:07:20+08:00", "version": 1}
+    records = [meta] + [
+        {"message": m, "type": "message"} if reorder else {"type": "message", "message": m} for m in messages
+    ]
+    lines = [indent + json.dumps(r, separators=(",", ":") if compact else None).encode() for r in records]
+    return separator.join(lines) + end
+
+
+# Every way the loader takes a file whose last record has no final newline, or whose records are
+# spelled otherwise than ours: (the file, whether a resume cuts a torn tail off it).
+SPELLINGS = {
+    "no final newline": spelled(),
+    "CRLF, the last line ends in \\r": spelled(b"\r\n", b"\r"),
+    "CRLF, no final line ending": spelled(b"\r\n"),
+    "spaces after the last record": spelled(end=b"   "),
+    "a tab and spaces after the last record": spelled(end=b"\t  "),
+    "blank lines, then spaces, no newline": spelled(end=b"\n\n   "),
+    "CRLF blank lines, then a \\r": spelled(b"\r\n", b"\r\n\r\n\r"),
+    "the Go edition's compact spelling, no final newline": spelled(compact=True),
+    "records indented by spaces": spelled(indent=b"  ", end=b"\n"),
+    "keys in another order": spelled(reorder=True, end=b"\n"),
+    "keys in another order, no final newline": spelled(reorder=True),
+}
+
+
+@pytest.mark.parametrize("name", list(SPELLINGS))
+def test_list_says_what_a_resume_finds_in_every_spelling_the_loader_takes(
+    provider: FakeProvider, workdir: Path, name: str
+) -> None:
+    """-list and -c side by side on the same file: a last line that is a whole record is no torn
+    tail, and it is counted; a record in another spelling is counted, not marked as damage. The
+    resume sends all three messages and leaves whole lines on disk, which -list then counts too."""
+    path = put_session(workdir, SPELLINGS[name])
+    listed = run_agent("final", "-list", provider=None, cwd=workdir)
+    assert_ok(listed)
+    line = list_line(listed.stdout, SESSION_ID)
+    assert count_of(line) == 3 and "spelled" in line, line
+    assert "[" not in line.split(" messages", 1)[1], f"marked, though a resume finds it whole: {line}"
+
+    provider.script(text("Still here."))
+    again = run_agent("final", "-c", SESSION_ID, "next", provider=provider, cwd=workdir)
+    assert_ok(again, "Still here.\n")
+    assert resumed(again.stderr) == (SESSION_ID, 3)
+    assert not [w for w in again.stderr.splitlines() if w.startswith("warning:")], again.stderr
+    sent = provider.chat_requests[0]["messages"]
+    assert [m["content"] for m in sent] == [SYSTEM["content"], "spelled", "ok", "next"]
+    assert path.read_bytes().endswith(b"\n")
+    relisted = list_line(run_agent("final", "-list", provider=None, cwd=workdir).stdout, SESSION_ID)
+    assert count_of(relisted) == 5 and "[" not in relisted.split(" messages", 1)[1], relisted
+
+
+def test_list_and_a_resume_agree_on_a_torn_last_line(provider: FakeProvider, workdir: Path) -> None:
+    """The contrast: a last line cut mid-record. -list marks the torn tail and does not count it;
+    the resume cuts it off, says so, and loads the messages before it."""
+    put_session(workdir, spelled() + b'\n{"type": "message", "message": {"role": "us')
+    line = list_line(run_agent("final", "-list", provider=None, cwd=workdir).stdout, SESSION_ID)
+    assert count_of(line) == 3 and "[torn tail]" in line, line
+    provider.script(text("Still here."))
+    again = run_agent("final", "-c", SESSION_ID, "next", provider=provider, cwd=workdir)
+    assert_ok(again, "Still here.\n")
+    assert resumed(again.stderr) == (SESSION_ID, 3)
+    assert "dropped an incomplete last line" in again.stderr, again.stderr
+
+
 # Complete middle lines the loader skips as damaged (see test_sessions_inputs.py). -list reads
 # only the first bytes of each line: a line that is no record at all is marked and not counted;
 # a message line damaged inside is counted, and left to the resume, which names it.
@@ -338,7 +409,6 @@ NOT_A_RECORD = {
     "garbage": b"this line is not JSON",
     "NUL run": b"\0" * 64,
     "unknown record": b'{"type": "title", "title": "my session"}',
-    "indented": b'  {"type": "message", "message": {"role": "user", "content": "indented"}}',
 }
 DAMAGED_INSIDE = {
     "not UTF-8": b'{"type": "message", "message": {"role": "user", "content": "caf\xe9"}}',
