@@ -385,15 +385,19 @@ class Live:
         code, out, err = self.finish(timeout)
         return subprocess.CompletedProcess(self.proc.args, code, out, err)
 
-    def stopped_mid_command(self, workdir: Path, number: int) -> subprocess.CompletedProcess:
+    def stopped_mid_command(self, workdir: Path, stop: int | str) -> subprocess.CompletedProcess:
         """Once the running command has written its shell's pid to shell.txt (and a child's to
-        child.txt before it), send the agent signal `number`: the run, exit 130 and no traceback,
-        the shell and its child gone. Neither outlives the test, whatever fails."""
+        child.txt before it), stop the agent: send it signal `stop`, or type the keys `stop` at its
+        terminal ("\\x1c" is Ctrl-\\). The run, exit 130 and no traceback, the shell and its child
+        gone, checked by their pids. Neither outlives the test, whatever fails."""
         shell = child = None
         try:
             shell = int(wait_for_file(workdir / "shell.txt"))
             child = int((workdir / "child.txt").read_text())  # written before shell.txt
-            self.signal(number)
+            if isinstance(stop, str):
+                self.terminal.type(stop)
+            else:
+                self.signal(stop)
             result = self.completed(timeout=30)
             assert wait_dead(shell) and wait_dead(child), "the command or its child outlived the agent"
         finally:

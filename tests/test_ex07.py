@@ -359,21 +359,24 @@ def test_a_background_child_is_killed_when_the_command_finishes(
         kill_quietly(child)
 
 
-STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
 
 
-@pytest.mark.parametrize("number", STOP_SIGNALS, ids=[signal.Signals(n).name for n in STOP_SIGNALS])
+@pytest.mark.parametrize(
+    "stop", [*STOP_SIGNALS, "\x1c"], ids=[*(signal.Signals(n).name for n in STOP_SIGNALS), "Ctrl-backslash typed"]
+)
 def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
-    provider: FakeProvider, workdir: Path, chapter: int | str, number: int
+    provider: FakeProvider, workdir: Path, chapter: int | str, stop: int | str
 ) -> None:
-    """Ctrl-C, kill (SIGTERM) and a closed terminal (SIGHUP) all stop the agent the same way: the running
-    command's whole process group is killed, exit 130; a session program has saved the completed rounds
-    and says how to resume."""
+    """Ctrl-C, kill (SIGTERM), a closed terminal (SIGHUP) and Ctrl-\\ (SIGQUIT, sent by kill or typed at
+    the terminal, which sends it to its foreground group: the agent, never the command, which runs in a
+    session of its own) all stop the agent the same way: the running command's whole process group is
+    killed, exit 130; a session program has saved the completed rounds and says how to resume."""
     (workdir / "notes.txt").write_text("notes ✏️\n", encoding="utf-8")
     first = calls(("r1", "read_file", {"path": "notes.txt"}))
     provider.script(first, bash_calls(long="sleep 60 & echo $! > child.txt; echo $$ > shell.txt; wait"))
-    with Live(chapter, TASK, provider=provider, cwd=workdir, answers=answers_for(chapter)) as live:
-        result = live.stopped_mid_command(workdir, number)
+    with Live(chapter, TASK, provider=provider, cwd=workdir, answers=answers_for(chapter) or "") as live:
+        result = live.stopped_mid_command(workdir, stop)
     assert result.stdout == ""
     lines = stderr_lines(result.stderr)
     if not since(chapter, 11):

@@ -25,12 +25,13 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import TEST_KEY, run_agent
+from conftest import TEST_KEY, hermetic_env, program, run_agent
 from fake_provider import FakeProvider, chunk, raw, sequence_error, text, tool_call
 from helpers import (
     Live,
@@ -870,6 +871,51 @@ def test_a_stop_signal_mid_tool_kills_children_that_ignore_it_and_let_go_of_the_
     session_id = new_session_id(result.stderr)
     assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
     assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+
+
+# Signals whose default action ends a process, beyond the four the chapters stop on (signal(7)):
+# agent.py stops on every one it can catch, as on Ctrl-C.
+OTHER_ENDINGS = ["SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU", "SIGPROF", "SIGVTALRM", "SIGIO", "SIGPWR", "SIGTRAP"]
+
+
+@pytest.mark.parametrize("name", [*OTHER_ENDINGS, "SIGRTMIN+3"])
+def test_any_signal_that_would_end_the_agent_kills_the_running_command_first(
+    provider: FakeProvider, workdir: Path, name: str
+) -> None:
+    """A signal whose default is to end the process (kill -USR1, a CPU limit's SIGXCPU, a real-time
+    signal) stops the agent as Ctrl-C does: the command's group killed, checked by pid, exit 130, the
+    hint. Uncaught, the agent would die and leave the command running in its session of its own."""
+    number = signal.SIGRTMIN + 3 if name == "SIGRTMIN+3" else getattr(signal, name)
+    provider.script(tool_call("bash", {"command": "sleep 60 & echo $! > child.txt; echo $$ > shell.txt; wait"}))
+    with Live("final", TASK, provider=provider, cwd=workdir, answers="y\n") as live:
+        result = live.stopped_mid_command(workdir, number)
+    lines = stderr_lines(result.stderr)
+    assert lines[-1] == hint(new_session_id(result.stderr)) and lines[-2].startswith("interrupted"), result.stderr
+
+
+def test_a_signal_ignored_when_the_agent_starts_stays_ignored(provider: FakeProvider, workdir: Path) -> None:
+    """Under nohup (SIGHUP ignored), a closed terminal must not stop the run: the command it waits on
+    (`cat pipe`, silent) goes on to its end, and the answer comes."""
+    os.mkfifo(workdir / "pipe")
+    provider.script(tool_call("bash", {"command": "cat pipe"}, call_id="wait"), text("Done."))
+    nohup = "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); os.execv(sys.argv[1], sys.argv[1:])"
+    argv = [sys.executable, "-c", nohup, sys.executable, str(program("final")), TASK]
+    env = hermetic_env(provider, workdir.parent)
+    with subprocess.Popen(
+        argv, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    ) as agent:
+        try:
+            writer = reader_of(workdir / "pipe")  # cat is running
+            agent.send_signal(signal.SIGHUP)
+            os.write(writer, b"still here\n")
+            os.close(writer)
+            out, err = agent.communicate(timeout=60)
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+    assert agent.returncode == 0, err
+    assert out == b"Done.\n"
+    assert results(provider)["wait"] == "still here\n"
 
 
 def reader_of(fifo: Path, timeout: float = 30) -> int:

@@ -76,7 +76,7 @@ CUT_OFF = (
 WORKDIR = Path.cwd()  # bash always runs here: a `cd` does not outlive its command
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 30, 120  # seconds
 OUTPUT_CAP = 8 * 1024  # bytes of output the model sees: the tail, where results and errors are
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, a closed terminal
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # Ctrl-C, kill, a closed terminal, Ctrl-\
 
 
 BASE_PROMPT = """\
@@ -432,7 +432,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # A kill or a closed terminal stops the agent as Ctrl-C does, so the
+    # A kill, a closed terminal or Ctrl-\ stops the agent as Ctrl-C does, so the
     # finally in run_command() kills a running command's process group.
     for number in STOP_SIGNALS[1:]:
         signal.signal(number, signal.default_int_handler)
