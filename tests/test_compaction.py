@@ -175,7 +175,7 @@ def test_a_refusal_that_compaction_cannot_cure_ends_the_run_with_one_error(
     provider: FakeProvider, workdir: Path, repeat: int, requests: list[tuple[bool, bool]]
 ) -> None:
     """The request is sent once more after a compaction, and no more."""
-    small_server(provider, limit=650)
+    small_server(provider, limit=1000)
     (workdir / "f1.txt").write_text("file 1 " * repeat)
     provider.script(tool_call("read_file", {"path": "f1.txt"}), text("never sent"))
     result = run_agent("final", "Read f1.txt", provider=provider, cwd=workdir, MODEL="deepseek-chat")
