@@ -932,7 +932,7 @@ def read_skill(directory: Path, in_project: bool) -> Skill | str:
     try:
         data = read_regular(path, FRONT_MATTER_CAP)
     except OSError as error:  # missing, a FIFO, /dev/zero
-        return f"no SKILL.md that is a regular file ({error.strerror or error})"
+        return f"its SKILL.md cannot be read ({error.strerror or error})"
     fields, _ = front_matter(data[:FRONT_MATTER_CAP].decode("utf-8-sig", errors="replace")) or ({}, "")
     name, description = fields.get("name", ""), fields.get("description", "")
     if not fields:

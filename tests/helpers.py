@@ -12,7 +12,10 @@
   library only (`measure_save`, `watch_creation`, `decoy_sessions`);
 - the context budget and compaction (chapters 12 and 13): the budget lines of a run
   (`budget_lines`, `without_budget`), the conversation a file stands for after its
-  compaction records (`replayed`), and a run that compacts (`crossing_run`).
+  compaction records (`replayed`), and a run that compacts (`crossing_run`);
+- the system prompt a project's files make (chapters 14 to 18): every request's
+  (`system_prompts`), one of its parts (`prompt_section`), the tools a request
+  offers (`tool_names`), and a skill on disk (`put_skill`).
 
 Fixtures and the subprocess runners themselves live in conftest.py.
 """
@@ -749,3 +752,40 @@ def crossing_run(chapter: int | str, provider: FakeProvider, workdir: Path, summ
     env = {"CONTEXT_WINDOW": "4000", **env}
     result = run_agent(chapter, "-c", SESSION_ID, QUESTION["content"], provider=provider, cwd=workdir, **env)
     return path, before, result
+
+
+# ---------------------------------------------------------------- the system prompt a project's files make (chapters 14 to 18)
+
+PROMPT_SECTION = "\n\n---\n\n"  # between the parts of a new session's system prompt
+
+
+def system_prompts(provider: FakeProvider) -> list[str]:
+    """The system message of every chat request, in order: each request has one, first."""
+    found = []
+    for body in provider.chat_requests:
+        first = body["messages"][0]
+        assert first["role"] == "system", body["messages"][:1]
+        assert sum(m["role"] == "system" for m in body["messages"]) == 1, body["messages"]
+        found.append(first["content"])
+    return found
+
+
+def prompt_section(system: str, heading: str) -> str | None:
+    """The part of a system prompt whose first line is `heading`, or None; never two of them.
+    (The parts are joined by PROMPT_SECTION: a test's own texts must not hold it.)"""
+    found = [part for part in system.split(PROMPT_SECTION) if part.split("\n", 1)[0] == heading]
+    assert len(found) <= 1, f"{len(found)} parts of the prompt start with {heading!r}"
+    return found[0] if found else None
+
+
+def tool_names(request: dict) -> list[str]:
+    """The names of the tools a chat request offers."""
+    return [tool["function"]["name"] for tool in request.get("tools", [])]
+
+
+def put_skill(workdir: Path, directory: str, text_: str | bytes, root: str = ".agents/skills") -> Path:
+    """Write <root>/<directory>/SKILL.md (str as UTF-8, bytes as they are, newlines untouched)."""
+    path = workdir / root / directory / "SKILL.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text_.encode() if isinstance(text_, str) else text_)
+    return path
