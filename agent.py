@@ -2,14 +2,16 @@
 
 This is the last chapter's program plus a production layer: sessions that
 hold up (a lock, durable creation, repairs of what a crash can leave), a
-faster start and -list, -c last and ID prefixes, one exit policy, and the
-defences that hostile inputs call for: a gate on the file tools, questions
-answered only at the terminal, the API key kept out of commands and records,
-atomic writes, and streams, files and settings read as the untrusted things
-they are. exercises/production/README.md walks through every addition; its
-table of contents is
+faster start and -list, -c last and ID prefixes, one exit policy, the files
+other agents read (AGENTS.md and CLAUDE.md up to the repository's root,
+skills in .claude/skills and ~/.agents/skills), and the defences that hostile
+inputs call for: one list of guarded paths for the file tools and bash,
+questions answered only at the terminal, the API key kept out of commands and
+records, atomic writes, and streams, files and settings read as the untrusted
+things they are. exercises/production/README.md walks through every
+addition; its table of contents is
 
-    diff -u exercises/ex13/agent.py agent.py
+    diff -u exercises/ex18/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
@@ -453,14 +455,14 @@ def visible(text: str) -> str:
     return re.sub(" {4,}", lambda run: f"⟨{len(run.group())} spaces⟩", shown)
 
 
-def approved(command: str, wants: str = "run") -> bool:
+def approved(command: str, wants: str = "run", who: str = "the model wants") -> bool:
     """Ask the person at the terminal. Only y or yes runs it; anything else refuses.
     The answer is read from the terminal itself: input piped into the program
     never approves, and with no terminal nobody is there to say yes."""
     try:
         with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
             # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
-            terminal.write(f"\x1b[0m\n⚠  the model wants to {wants}: {visible(command)}\nallow? (y/N) ".encode())
+            terminal.write(f"\x1b[0m\n⚠  {who} to {wants}: {visible(command)}\nallow? (y/N) ".encode())
             answer = terminal.readline().decode(errors="replace")
     except OSError:  # no controlling terminal
         answer = ""
@@ -818,7 +820,8 @@ def may_read(path: Path, name: str) -> bool:
     real = os.path.realpath(path)
     if inside(Path(real), PROJECT) or not os.path.exists(real):
         return True
-    if approved(f"{name} -> {real}", "read a file that is a link out of the project (its text goes to the provider)"):
+    wants = "read a file that is a link out of the project (its text would go to the provider)"
+    if approved(f"{name} -> {real}", wants, who="the project asks the agent"):
         return True
     print(f"warning: {name} is a link to {safe(real, 200)}, outside the project; it is not read", file=sys.stderr)
     return False
