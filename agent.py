@@ -58,9 +58,10 @@ def read_regular(path: str | Path, cap: int | None = None) -> bytes:
     is longer). O_NONBLOCK: opening a FIFO must not wait for a writer; and only a
     regular file is read, since /dev/zero never ends."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(), which refuses a directory and keeps its fd
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
     with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
         return file.read(-1 if cap is None else cap + 1)
 
 
@@ -294,10 +295,10 @@ def read_file(args: dict) -> str:
     # O_NONBLOCK: opening a FIFO must not wait for a writer. Only a regular
     # file is read: /dev/zero never ends, and a directory has no text.
     fd = os.open(args["path"], os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG((status := os.fstat(fd)).st_mode):  # before open(), which refuses a directory and keeps its fd
+        os.close(fd)
+        return f"error: {args['path']} is not a regular file; read_file reads only files"
     with open(fd, "rb") as file:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            return f"error: {args['path']} is not a regular file; read_file reads only files"
         file.seek(offset)
         data = file.read(READ_CAP)  # never more: the history would carry it into every request
     end = offset + len(data)
@@ -944,7 +945,7 @@ def read_skill(directory: Path, in_project: bool) -> Skill | str:
         return f"its name ({safe(name, 80)!r}) is not the name of its directory"
     if len(name) > 64 or not SKILL_NAME.fullmatch(name):
         return "a name is lowercase letters and digits, in words joined by single hyphens, at most 64 characters"
-    if not description.strip() or len(description) > 1024:
+    if not description.strip() or len(description.strip()) > 1024:  # a block's last newline is not counted
         return f"a description has 1 to 1,024 characters; this one has {len(description.strip()):,}"
     return Skill(name, description.replace("\0", ""), path)
 
@@ -981,13 +982,13 @@ def scalar(first: str, more: list[str]) -> str:
         lines = lines[: len(lines) - trailing]
         text = "\n".join(lines) if first[0] == "|" else fold(lines)
         return text + ("" if "-" in first else "\n" * (1 + trailing if "+" in first else 1)) if text else ""
-    text = fold(([first] if first else []) + [line.strip() for line in more])
-    if len(text) > 1 and text[0] == text[-1] == "'":
-        return text[1:-1].replace("''", "'")
-    if len(text) > 1 and text[0] == text[-1] == '"':
+    text = fold(([first] if first else []) + [line.strip() for line in more]).strip()  # not the blank lines after it
+    if quoted := re.fullmatch(r"'((?:[^']|'')*)'\s*(#.*)?", text, re.DOTALL):  # a comment may follow the quotes
+        return quoted[1].replace("''", "'")
+    if quoted := re.fullmatch(r'"((?:[^"\\]|\\.)*)"\s*(#.*)?', text, re.DOTALL):
         with contextlib.suppress(ValueError):
-            return json.loads(text)  # YAML's escapes in double quotes include JSON's
-        return text[1:-1]
+            return json.loads(f'"{quoted[1]}"')  # YAML's escapes in double quotes include JSON's
+        return quoted[1]
     return re.sub(r"\s+#.*", "", text)
 
 
@@ -1446,7 +1447,7 @@ def summary(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there since the listing must not block
     except OSError as error:
         return f"{path.stem}  [unreadable: {error.strerror}]"
-    with open(fd, "rb"):  # closes fd however this ends
+    try:  # os.close, not open(fd): a directory put there since the listing would make open() raise
         status = os.fstat(fd)
         try:
             modified = f"{datetime.fromtimestamp(status.st_mtime):%Y-%m-%d %H:%M}"
@@ -1459,6 +1460,8 @@ def summary(path: Path) -> str:
                 count, marks, created, prompt = scan(data)
         except (OSError, ValueError) as error:  # ValueError: the file shrank to nothing since fstat
             return f"{path.stem}  modified {modified}  [unreadable: {getattr(error, 'strerror', None) or error}]"
+    finally:
+        os.close(fd)
     prompt = safe(prompt if len(prompt) <= 50 else prompt[:49] + "…")  # the file's text, not ours
     mark = f"  [{', '.join(marks)}]" if marks else ""
     return f"{path.stem}  created {created}  modified {modified}  {count:>4} messages  {prompt}{mark}"
