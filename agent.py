@@ -421,7 +421,7 @@ GUARDED = [
     (("agents.md",), "ask", "AGENTS.md, rules a person keeps: every new session follows them"),
     (("claude.md",), "ask", "CLAUDE.md, rules a person keeps: every new session follows them"),
     ((".agents", "skills"), "ask", "into .agents/skills/, which a person keeps: every new session lists them"),
-    ((".claude", "skills"), "ask", "into .claude/skills/, which a person keeps: every new session lists them"),
+    ((".claude",), "ask", "into .claude/, where Claude Code keeps its settings, hooks and skills"),
 ]
 
 
@@ -699,7 +699,7 @@ class Registry:
             return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files[path] = fingerprint(path) if tool.changes_files else seen  # what the model has now seen
-            if tool.changes_files and path == MEMORY:  # it steers every new session: say so each time
+            if tool.changes_files and path == Path(os.path.realpath(MEMORY)):  # it steers every new session: say so
                 print(
                     f"[memory: {name} changed {MEMORY.name}; new sessions will have it in their prompt]",
                     file=sys.stderr,
@@ -711,18 +711,20 @@ FINGERPRINT_BYTES = 1 << 20  # up to this size a file's bytes are hashed; above 
 
 
 def fingerprint(path: Path) -> tuple | None:
-    """What must not have changed since the model read a file: which file it is (device,
-    inode), its size, its modification time and, up to FINGERPRINT_BYTES, a hash of its
-    bytes (a file's time moves in steps of a few milliseconds: two writes in one step
-    leave the same time). None if it is missing or not a regular file."""
+    """What must not have changed since the model read a file: up to FINGERPRINT_BYTES,
+    its bytes (a hash of them: the same bytes written back, or saved by an editor's
+    rename, are what the model saw); above it, which file it is (device, inode), its
+    size and its modification time, since hashing gigabytes at every read_file of 32 KiB
+    would cost more than the read. None if it is missing or not a regular file."""
     try:
         status = os.stat(path)
-        data = read_regular(path) if stat.S_ISREG(status.st_mode) and status.st_size <= FINGERPRINT_BYTES else b""
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        if status.st_size <= FINGERPRINT_BYTES:
+            return (hashlib.sha256(read_regular(path)).digest(),)
     except OSError:
         return None
-    if not stat.S_ISREG(status.st_mode):
-        return None
-    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, hashlib.sha256(data).digest()
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
 
 
 def gate(path: Path, given: Path, writes: bool) -> str | None:
@@ -797,12 +799,16 @@ def project_text(path: Path, cap: int, name: str) -> str:
     marker the model sees; "" if it is missing. Only a regular file is read (a FIFO
     would wait for a writer, /dev/zero never ends); decoded with replacement, its BOM
     and NULs dropped, CRLF read as LF. Each cause of a change is one warning."""
+    if refusal := link_out(path, name):
+        print(f"warning: {name} is {refusal}; it is not read", file=sys.stderr)
+        return ""
     try:
         data = read_regular(path, cap)
     except FileNotFoundError:
         return ""
     except OSError as error:
-        print(f"warning: {name} is not read: {error.strerror or error}", file=sys.stderr)
+        why = "is not a regular file" if error.errno == errno.EINVAL else f"cannot be read ({error.strerror or error})"
+        print(f"warning: {name} {why}; it is not read", file=sys.stderr)
         return ""
     text = data[:cap].decode("utf-8-sig", errors="replace").replace("\r\n", "\n")
     if "\0" in text:
@@ -814,18 +820,18 @@ def project_text(path: Path, cap: int, name: str) -> str:
     return text.strip()
 
 
-def may_read(path: Path, name: str) -> bool:
-    """A file the project holds whose real path lies outside it (a link to ~/.ssh/id_rsa,
-    committed to a repository) is read only with a person's yes: its text would go to
-    the provider. With no terminal it is not read."""
+def link_out(path: Path, name: str) -> str | None:
+    """Why a file the project holds is not read: its real path lies outside the project (a
+    link to ~/.ssh/id_rsa, committed to a repository) and the person at the terminal did
+    not say yes, since its text would go to the provider. None: it may be read. A link to
+    what is no regular file (/dev/zero) is not asked about: the reader refuses it anyway."""
     real = os.path.realpath(path)
-    if inside(Path(real), PROJECT) or not os.path.exists(real):
-        return True
+    if inside(Path(real), PROJECT) or not os.path.isfile(real):
+        return None
     wants = "read a file that is a link out of the project (its text would go to the provider)"
     if approved(f"{name} -> {real}", wants, who="the project asks the agent"):
-        return True
-    print(f"warning: {name} is a link to {safe(real, 200)}, outside the project; it is not read", file=sys.stderr)
-    return False
+        return None
+    return f"a link to {safe(real, 200)}, outside the project"
 
 
 RULES_CAP = 32 * 1024  # bytes of one rules file: every request carries the system prompt
@@ -838,7 +844,7 @@ def rule_files() -> list[Path]:
     found = []
     for directory in reversed([WORKDIR, *itertools.takewhile(lambda d: inside(d, PROJECT), WORKDIR.parents)]):
         for name in ("AGENTS.md", "CLAUDE.md"):
-            if os.path.lexists(directory / name):  # a broken link too: it is named, not skipped in silence
+            if (directory / name).exists():  # a broken link is no file: CLAUDE.md is read where AGENTS.md is one
                 found.append(directory / name)
                 break
     return found
@@ -862,7 +868,7 @@ new session (not a resumed one) has them in its system prompt, below.
 
 def memory() -> str:
     """MEMORY.md as the prompt shows it: its first MEMORY_LINES lines at most, or a note that it is empty."""
-    notes = (project_text(MEMORY, MEMORY_BYTES, MEMORY.name) if may_read(MEMORY, MEMORY.name) else "").split("\n")
+    notes = project_text(MEMORY, MEMORY_BYTES, MEMORY.name).split("\n")
     if len(notes) > MEMORY_LINES:
         print(
             f"warning: {MEMORY.name} has more than {MEMORY_LINES} lines; only the first {MEMORY_LINES} are used",
@@ -931,8 +937,8 @@ def shown_path(path: Path) -> str:
 def read_skill(directory: Path, in_project: bool) -> Skill | str:
     """The skill a directory holds, from its front matter, or why it holds none."""
     path = directory / "SKILL.md"
-    if in_project and not may_read(path, shown_path(path)):
-        return "its SKILL.md is a link out of the project"
+    if in_project and (refusal := link_out(path, shown_path(path))):
+        return f"its SKILL.md is {refusal}"
     try:
         data = read_regular(path, FRONT_MATTER_CAP)
     except OSError as error:  # missing, a FIFO, /dev/zero
@@ -1044,17 +1050,15 @@ def load_skill(args: dict, listed: list[str], found: dict[str, Skill]) -> str:
     if name not in listed:
         return f"error: no skill named {safe(name, 80)!r} in this session; the skills are: {', '.join(listed)}"
     skill = found.get(name)
+    limit = FRONT_MATTER_CAP + 4 * SKILL_CAP  # bytes: SKILL_CAP characters of any script after the front matter
     try:
-        fields, body = (
-            front_matter(read_regular(skill.path, FRONT_MATTER_CAP + SKILL_CAP).decode("utf-8-sig", errors="replace"))
-            if skill
-            else ({}, "")
-        )
+        data = read_regular(skill.path, limit) if skill else b""
     except OSError:
-        fields = {}
+        data = b""
+    fields, body = front_matter(data[:limit].decode("utf-8-sig", errors="replace")) or ({}, "")
     if fields.get("name") != name:
         return f"error: the skill {name!r} was removed or changed since this session started; it cannot be loaded"
-    if len(body) > SKILL_CAP:
+    if len(body) > SKILL_CAP or len(data) > limit:
         body = (
             body[:SKILL_CAP] + f"\n[... the skill was cut here: its body is longer than {SKILL_CAP:,} characters ...]"
         )
@@ -1092,7 +1096,7 @@ def system_prompt(skills: dict[str, Skill]) -> str:
     parts = [BASE_PROMPT]
     for path in rule_files():
         name = os.path.relpath(path, WORKDIR)
-        if may_read(path, name) and (rules := project_text(path, RULES_CAP, name)):
+        if rules := project_text(path, RULES_CAP, name):
             print(f"[rules: {name}, {len(rules.encode()):,} bytes]", file=sys.stderr)
             parts.append(f"# Project rules ({name})\n\n{rules}")
     if skills:
