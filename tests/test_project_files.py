@@ -566,7 +566,9 @@ def test_a_project_file_that_links_out_of_the_project_is_read_only_after_a_yes(
             assert rules_parts(system) == [f"# Project rules ({name})\n\n{PRIVATE.strip()}"]
     else:
         not_read = f"{shown} is a link to {real}, outside the project; it is not read"
-        skipped = f"skipped skill {shown.removesuffix('/SKILL.md')}: its SKILL.md is a link to {real}, outside the project"
+        skipped = (
+            f"skipped skill {shown.removesuffix('/SKILL.md')}: its SKILL.md is a link to {real}, outside the project"
+        )
         assert warnings(result.stderr) == [f"warning: {skipped if LINKS[name] == 'skill' else not_read}"], result.stderr
         assert b"PRIVATE-MARKER" not in bodies(provider)
         assert "skill" not in tool_names(provider.chat_requests[0])
