@@ -578,19 +578,19 @@ def test_links_inside_the_project_and_in_the_users_own_skills_are_followed_witho
     provider: FakeProvider, tmp_path: Path
 ) -> None:
     """In repo/app: AGENTS.md links to docs/, the repository's CLAUDE.md and the working
-    directory's MEMORY.md to repo/shared/ (in the repository, outside the working directory),
+    directory's MEMORY.md to repo/common/ (in the repository, outside the working directory),
     a skill directory to repo/vendor/; in ~/.agents/skills a skill directory and a SKILL.md link
     to the user's dotfiles. Everything is read; the terminal is never asked."""
     repo = repository(tmp_path / "repo")
     workdir = repo / "app"
     (workdir / "docs").mkdir(parents=True)
-    (repo / "shared").mkdir()
+    (repo / "common").mkdir()
     (workdir / "docs" / "RULES.md").write_text("- RULES-THROUGH-A-LINK\n")
     (workdir / "AGENTS.md").symlink_to("docs/RULES.md")
-    (repo / "shared" / "team.md").write_text("- TEAM-RULES-THROUGH-A-LINK\n")
-    (repo / "CLAUDE.md").symlink_to("shared/team.md")
-    (repo / "shared" / "memory.md").write_text("- MEMORY-THROUGH-A-LINK\n")
-    (workdir / "MEMORY.md").symlink_to("../shared/memory.md")
+    (repo / "common" / "team.md").write_text("- TEAM-RULES-THROUGH-A-LINK\n")
+    (repo / "CLAUDE.md").symlink_to("common/team.md")
+    (repo / "common" / "memory.md").write_text("- MEMORY-THROUGH-A-LINK\n")
+    (workdir / "MEMORY.md").symlink_to("../common/memory.md")
     put_skill(repo, "vendored", skill_md("vendored", "description: A skill vendored in the repository."), "vendor")
     (workdir / ".agents" / "skills").mkdir(parents=True)
     (workdir / ".agents" / "skills" / "vendored").symlink_to("../../../vendor/vendored")

@@ -486,10 +486,11 @@ def project_file(path: Path, cap: int) -> str:
     except OSError:
         return ""
     name = os.path.relpath(path, WORKDIR)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(), which refuses a directory
+        os.close(fd)
+        print(f"warning: {name} is not a regular file; it is not read", file=sys.stderr)
+        return ""
     with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            print(f"warning: {name} is not a regular file; it is not read", file=sys.stderr)
-            return ""
         data = file.read(cap + 1)
     text = data[:cap].decode("utf-8-sig", errors="replace").strip()
     if len(data) > cap:

@@ -480,7 +480,9 @@ class Skill:
 def find_skills() -> dict[str, Skill]:
     """Every valid skill in .agents/skills/, by name; each one skipped is named, with why."""
     found = {}
-    for directory in sorted(SKILLS.iterdir()) if SKILLS.is_dir() else []:
+    for directory in (
+        sorted(p for p in SKILLS.iterdir() if p.is_dir()) if SKILLS.is_dir() else []
+    ):  # a README is no skill
         skill = read_skill(directory)
         if isinstance(skill, str):
             print(f"warning: skipped skill {directory.name!r}: {skill}", file=sys.stderr)
@@ -504,7 +506,7 @@ def read_skill(directory: Path) -> Skill | str:
         return f"its name ({name!r}) is not the name of its directory"
     if len(name) > 64 or not SKILL_NAME.fullmatch(name):
         return "a name is lowercase letters and digits, in words joined by single hyphens, at most 64 characters"
-    if not description.strip() or len(description) > 1024:
+    if not description.strip() or len(description.strip()) > 1024:  # a block's last newline is not counted
         return f"a description has 1 to 1,024 characters; this one has {len(description.strip()):,}"
     return Skill(name, description, body)
 
@@ -541,13 +543,13 @@ def scalar(first: str, more: list[str]) -> str:
         lines = lines[: len(lines) - trailing]
         text = "\n".join(lines) if first[0] == "|" else fold(lines)
         return text + ("" if "-" in first else "\n" * (1 + trailing if "+" in first else 1)) if text else ""
-    text = fold(([first] if first else []) + [line.strip() for line in more])
-    if len(text) > 1 and text[0] == text[-1] == "'":
-        return text[1:-1].replace("''", "'")
-    if len(text) > 1 and text[0] == text[-1] == '"':
+    text = fold(([first] if first else []) + [line.strip() for line in more]).strip()  # not the blank lines after it
+    if quoted := re.fullmatch(r"'((?:[^']|'')*)'\s*(#.*)?", text, re.DOTALL):  # a comment may follow the quotes
+        return quoted[1].replace("''", "'")
+    if quoted := re.fullmatch(r'"((?:[^"\\]|\\.)*)"\s*(#.*)?', text, re.DOTALL):
         with contextlib.suppress(ValueError):
-            return json.loads(text)  # YAML's escapes in double quotes include JSON's
-        return text[1:-1]
+            return json.loads(f'"{quoted[1]}"')  # YAML's escapes in double quotes include JSON's
+        return quoted[1]
     return re.sub(r"\s+#.*", "", text)
 
 
@@ -594,7 +596,7 @@ def load_skill(args: dict, listed: list[str]) -> str:
 def report_manifest(history: list[dict], listed: list[str]) -> None:
     """What the list of skills costs, from the system prompt a session sends: a resumed
     session's is the one it started with, whatever .agents/skills/ holds today."""
-    system = history[0].get("content") if history and history[0]["role"] == "system" else ""
+    system = history[0].get("content") if history and history[0].get("role") == "system" else ""
     listing = next((part for part in str(system).split(SECTION) if part.startswith(SKILLS_HEADING)), "")
     if listed and listing:
         count = f"{len(listed)} skill{'s' if len(listed) > 1 else ''}"
@@ -634,10 +636,11 @@ def project_file(path: Path, cap: int) -> str:
     except OSError:
         return ""
     name = os.path.relpath(path, WORKDIR)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before open(), which refuses a directory
+        os.close(fd)
+        print(f"warning: {name} is not a regular file; it is not read", file=sys.stderr)
+        return ""
     with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            print(f"warning: {name} is not a regular file; it is not read", file=sys.stderr)
-            return ""
         data = file.read(cap + 1)
     text = data[:cap].decode("utf-8-sig", errors="replace").strip()
     if len(data) > cap:
