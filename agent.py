@@ -434,6 +434,9 @@ def guarded(path: Path) -> tuple[str, str] | None:
         starts = range(1) if rule == "refuse" else range(len(parts))
         if any(parts[start : start + len(entry)] == entry for start in starts):
             return rule, what
+        # .agents may be a link to a directory elsewhere in the project: what it leads to is guarded too.
+        if inside(path, Path(os.path.realpath(WORKDIR.joinpath(*entry)))):
+            return rule, what
     return None
 
 
