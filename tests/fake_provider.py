@@ -65,6 +65,7 @@ class Reply:
     status: int = 200
     error_body: dict | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds before the reply starts: a model that takes its time (subagents in parallel)
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -189,6 +190,11 @@ def sequence_error(messages: list[dict], thinking: bool = False, legacy_reasoner
 class FakeProvider:
     def __init__(self) -> None:
         self.replies: list[Reply] = []
+        # Replies by conversation: a chat request whose first user message contains a key takes the
+        # next reply of that key's queue, whatever order parallel requests arrive in (subagents).
+        self.routes: dict[str, list[Reply]] = {}
+        self.in_flight = 0  # chat requests being answered now
+        self.most_in_flight = 0  # the most there ever were at once
         self.requests: list[dict] = []  # every request: path, headers, body (parsed JSON), raw (its bytes), refused
         self.validate = True  # DeepSeek sequence validation
         # A context window: a chat request over it (counted as len(body) // 4 tokens) gets the
@@ -226,6 +232,11 @@ class FakeProvider:
     def script(self, *replies: Reply) -> None:
         with self._lock:
             self.replies.extend(replies)
+
+    def route(self, key: str, *replies: Reply) -> None:
+        """Replies for the conversation whose first user message contains key, in order."""
+        with self._lock:
+            self.routes.setdefault(key, []).extend(replies)
 
     @property
     def chat_requests(self) -> list[dict]:
@@ -270,7 +281,16 @@ class FakeProvider:
             if "tools" not in body:
                 return self.summary
         with self._lock:
+            first = next((m.get("content") for m in _messages(body) if m.get("role") == "user"), None)
+            for key, queue in self.routes.items():
+                if isinstance(first, str) and key in first:
+                    return queue.pop(0) if queue else None
             return self.replies.pop(0) if self.replies else None
+
+
+def _messages(body: Any) -> list[dict]:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
 class _Server(ThreadingHTTPServer):
@@ -307,6 +327,19 @@ class _Handler(BaseHTTPRequestHandler):
             reply = dataclasses.replace(reply, prompt_tokens=len(raw) // 4)
         if reply is None:
             return self._json(500, {"error": {"message": "fake provider: no scripted reply", "type": "api_error"}})
+        fp = self.provider
+        with fp._lock:
+            fp.in_flight += 1
+            fp.most_in_flight = max(fp.most_in_flight, fp.in_flight)
+        try:
+            if reply.delay:
+                fp.closed.wait(reply.delay)
+            self._answer(body, reply)
+        finally:
+            with fp._lock:
+                fp.in_flight -= 1
+
+    def _answer(self, body: Any, reply: Reply) -> None:
         if reply.status != 200:
             return self._json(reply.status, reply.error_body or {}, reply.headers)
         if self.path.rstrip("/").endswith("/messages"):
