@@ -435,13 +435,12 @@ class Registry:
         if not isinstance(args, dict):
             return "error: the arguments must be a JSON object"
         parameters = tool.definition["function"]["parameters"]
-        for key in parameters["required"]:
-            if key not in args:
-                return f"error: {name} needs {key!r}"
-            if parameters["properties"][key]["type"] == "string" and (
-                not isinstance(args[key], str) or key == "path" and not args[key]
-            ):
+        for key in parameters["required"]:  # a workflow's stages are an array; every other one is a string
+            kind = parameters["properties"][key]["type"]
+            if kind == "string" and (not isinstance(args.get(key), str) or (key == "path" and not args[key])):
                 return f"error: {name} needs a {key!r} string"
+            if key not in args:
+                return f"error: {name} needs {key!r}, an {kind}"
 
         try:
             # Read before write: the model may only change a file whose current
