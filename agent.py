@@ -391,7 +391,7 @@ def stays_clear(command: str) -> bool:
         # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
         for path in (word, word.partition("=")[2]):
             resolved = Path(os.path.realpath(path or "."))
-            if not inside(resolved) or holds_settings(Path(path), resolved) or guarded(resolved):
+            if not inside(resolved) or holds_settings(Path(path), resolved) or guarded(resolved, path):
                 return False  # cat .env asks, as read_file .env does
     return True
 
@@ -418,24 +418,30 @@ GUARDED = [
     ((".sessions",), "refuse", ""),
     ((".trash",), "refuse", ""),
     ((".git",), "ask", "inside .git/, where git finds the commands it runs"),
-    (("agents.md",), "ask", "AGENTS.md, rules a person keeps: every new session follows them"),
-    (("claude.md",), "ask", "CLAUDE.md, rules a person keeps: every new session follows them"),
+    (("AGENTS.md",), "ask", "AGENTS.md, rules a person keeps: every new session follows them"),
+    (("CLAUDE.md",), "ask", "CLAUDE.md, rules a person keeps: every new session follows them"),
     ((".agents", "skills"), "ask", "into .agents/skills/, which a person keeps: every new session lists them"),
     ((".claude",), "ask", "into .claude/, where Claude Code keeps its settings, hooks and skills"),
 ]
 
 
-def guarded(path: Path) -> tuple[str, str] | None:
-    """("refuse" or "ask", what a write there is) for a resolved path the list guards; else None."""
-    if not inside(path):
-        return None
-    parts = tuple(part.casefold() for part in path.relative_to(WORKDIR).parts)
+def guarded(path: Path, given: str | Path = "") -> tuple[str, str] | None:
+    """("refuse" or "ask", what a write there is) for a resolved path the list guards, by
+    where it leads or by the name it was given (AGENTS.md may be a link to docs/RULES.md:
+    the file is AGENTS.md's either way); else None."""
+    for candidate in {path, Path(os.path.abspath(given))} if given else {path}:
+        parts = tuple(part.casefold() for part in candidate.relative_to(WORKDIR).parts) if inside(candidate) else ()
+        for entry, rule, what in GUARDED:
+            entry = tuple(part.casefold() for part in entry)
+            if any(
+                parts[start : start + len(entry)] == entry for start in range(1 if rule == "refuse" else len(parts))
+            ):
+                return rule, what
     for entry, rule, what in GUARDED:
-        starts = range(1) if rule == "refuse" else range(len(parts))
-        if any(parts[start : start + len(entry)] == entry for start in starts):
-            return rule, what
-        # .agents may be a link to a directory elsewhere in the project: what it leads to is guarded too.
-        if inside(path, Path(os.path.realpath(WORKDIR.joinpath(*entry)))):
+        # What a guarded name links to, elsewhere in the project, is guarded too (.agents -> team/agents);
+        # not the agent's own (a .trash -> . is refused where the agent writes), nor a link to . or above.
+        target = Path(os.path.realpath(WORKDIR.joinpath(*entry)))
+        if rule == "ask" and inside(path, target) and target != WORKDIR and target not in WORKDIR.parents:
             return rule, what
     return None
 
@@ -690,7 +696,7 @@ class Registry:
                 if path not in self.known_files:
                     return f"error: {args['path']} already exists and has not been read in this run; read it first with read_file"
                 return f"error: {args['path']} has changed since you last read it; read it again with read_file, then make your change"
-            if tool.changes_files and (refusal := write_gate(path)):
+            if tool.changes_files and (refusal := write_gate(path, Path(args["path"]))):
                 return refusal
             if tool.changes_files and path.exists() and len(API_KEY) >= 8 and API_KEY.encode() in read_regular(path):
                 # The model read it redacted: a rewrite would lose the key, and edit_file's
@@ -736,7 +742,7 @@ def gate(path: Path, given: Path, writes: bool) -> str | None:
     call go on; else the refusal."""
     if not inside(path):
         wants = "write outside the working directory" if writes else "read outside the working directory"
-    elif (guard := guarded(path)) and guard[0] == "refuse":
+    elif (guard := guarded(path, given)) and guard[0] == "refuse":
         return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
     elif holds_settings(given, path):
         wants = "write .env, which sets up the agent's next run" if writes else "read .env, which holds keys"
@@ -745,11 +751,11 @@ def gate(path: Path, given: Path, writes: bool) -> str | None:
     return None if approved(str(path), wants) else "error: permission denied — the user did not approve this"
 
 
-def write_gate(path: Path) -> str | None:
+def write_gate(path: Path, given: Path) -> str | None:
     """A write the model may make only with a person's yes: into what the list guards, or
     over an executable file. Asked after read-before-write: a write that would be refused
     anyway asks nothing."""
-    if guard := guarded(path):
+    if guard := guarded(path, given):
         wants = f"write {guard[1]}"
     elif path.is_file() and path.stat().st_mode & 0o111:
         wants = "overwrite an executable file (a git hook, a script)"
@@ -890,7 +896,7 @@ USER_SKILLS = Path(os.path.expanduser("~")) / ".agents" / "skills"  # the user's
 SKILL_NAME = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # lowercase words joined by single hyphens
 SKILLS_HEADING = "# Skills"
 FRONT_MATTER_CAP = 16 * 1024  # bytes of a SKILL.md read at start for its front matter: the body waits for a call
-SKILL_CAP = 32 * 1024  # bytes of a body one call returns: it enters the conversation
+SKILL_CAP = 32 * 1024  # characters of a body one call returns: it enters the conversation
 MANIFEST_CAP = 16 * 1024  # characters of the skills' list: every request carries it
 SKILL_DIRS_CAP = 1000  # directories looked at in one root: a start with 10,000 stays quick
 
@@ -902,8 +908,9 @@ class Skill:
     path: Path  # its SKILL.md
 
 
-def find_skills() -> dict[str, Skill]:
-    """Every valid skill of the roots, by name; each one skipped is named, with why."""
+def find_skills(only: list[str] | None = None) -> dict[str, Skill]:
+    """Every valid skill of the roots, by name; each one skipped is named, with why. With
+    only, just those names are looked for (a resumed session can call no other)."""
     found: dict[str, Skill] = {}
     roots: dict[str, Path] = {}
     for root in [*SKILL_ROOTS, USER_SKILLS]:
@@ -911,7 +918,7 @@ def find_skills() -> dict[str, Skill]:
     for root in roots.values():
         try:
             with os.scandir(root) as listing:
-                directories = sorted(entry.name for entry in listing if entry.is_dir())  # a README.md is no skill
+                directories = sorted(e.name for e in listing if e.is_dir() and (only is None or e.name in only))
         except OSError:  # missing, or not a directory
             continue
         if len(directories) > SKILL_DIRS_CAP:
@@ -2022,9 +2029,9 @@ def main(args: list[str]) -> int:
             raise Failure(f"MAX_ROUNDS must be a whole number of rounds, at least 1, not {setting('MAX_ROUNDS')!r}")
         window = context_window()
 
-        found = find_skills()  # at every start: a resumed session's skills are read from disk too
         if resume_id is not None:
             session = open_session(resume_id)
+            found = find_skills(only=session.skills)  # read from disk at every start, but only those it lists
             if gone := [name for name in session.skills if name not in found]:
                 print(
                     f"warning: the skill(s) {', '.join(gone)} this session lists are gone; a call of one fails",
@@ -2039,7 +2046,7 @@ def main(args: list[str]) -> int:
             report_budget(used, window, " · estimated")
         else:
             # The same system prompt first, every request: it is the cacheable prefix.
-            skills = listable(found)
+            skills = listable(found := find_skills())
             system = {"role": "system", "content": system_prompt(skills)}
             session = create_session([system, {"role": "user", "content": args[0]}], sorted(skills))
             offer_skills(session, found)

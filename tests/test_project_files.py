@@ -355,6 +355,58 @@ def test_one_list_guards_every_spelling_of_what_a_person_keeps(loaded) -> None:
     assert {name: verdict(name) for name in FREE} == dict.fromkeys(FREE)
 
 
+def test_what_a_guarded_name_links_to_is_guarded_and_a_link_of_the_agents_own_is_not_everything(loaded) -> None:
+    """AGENTS.md may be a link to docs/RULES.md, .agents a link to team/agents: the files they lead to
+    are asked about by either name, and `cat AGENTS.md` is not silent. A .trash that is a link to the
+    working directory itself (committed by someone) does not make every file the agent's own records."""
+    work = loaded.WORKDIR
+    (work / "docs").mkdir()
+    (work / "docs/RULES.md").write_text("rules\n")
+    (work / "AGENTS.md").symlink_to("docs/RULES.md")
+    (work / "team/agents/skills/x").mkdir(parents=True)
+    (work / ".agents").symlink_to("team/agents")
+    (work / ".trash").symlink_to(".")
+    (work / "notes.txt").write_text("notes\n")
+
+    def verdict(name: str) -> str | None:
+        found = loaded.guarded(Path(os.path.realpath(work / name)), name)
+        return found and found[0]
+
+    for name in ["AGENTS.md", "docs/RULES.md", ".agents/skills/x/SKILL.md", "team/agents/skills/x/SKILL.md"]:
+        assert verdict(name) == "ask", name
+    assert verdict("notes.txt") is None and verdict("docs/other.md") is None
+    assert loaded.permission("cat AGENTS.md") == "ask" and loaded.permission("cat docs/RULES.md") == "ask"
+    assert loaded.permission("cat notes.txt") == "allow"
+
+
+def test_a_resume_looks_only_for_the_skills_its_session_lists(
+    provider: FakeProvider, workdir: Path, tmp_path: Path
+) -> None:
+    """A skill that links out of the project is asked about when a new session would list it; a
+    session that lists no such skill resumes without the question, or any word about it."""
+    first = one_answer(provider, workdir)
+    session_id = new_session_id(first.stderr)
+    outside = tmp_path / "elsewhere" / "leak"
+    outside.mkdir(parents=True)
+    (outside / "SKILL.md").write_text(PRIVATE)
+    (workdir / ".agents/skills").mkdir(parents=True)
+    (workdir / ".agents/skills/leak").symlink_to(outside)
+    provider.script(text("Again."))
+    again = run_agent("final", "-c", session_id, "go on", provider=provider, cwd=workdir, answers="")
+    assert_ok(again, "Again.\n")
+    assert QUESTION not in again.terminal, again.terminal
+    assert NO_ANSWER not in again.stderr and warnings(again.stderr) == [], again.stderr
+
+
+def test_a_link_of_the_agents_own_directory_to_the_working_directory_leaves_the_file_tools_working(
+    provider: FakeProvider, workdir: Path
+) -> None:
+    (workdir / ".trash").symlink_to(".")
+    (workdir / "notes.txt").write_text("notes\n")
+    one_answer(provider, workdir, calls(("r", "read_file", {"path": "notes.txt"})))
+    assert results(provider)["r"] == "notes\n"
+
+
 BASH_ASKS = [
     "ls .git",
     "cat CLAUDE.md",
