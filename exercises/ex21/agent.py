@@ -226,6 +226,8 @@ def approved(command: str, wants: str = "run") -> bool:
     is typed after a question can answer it."""
     who = getattr(ASKER, "name", None) or "the model"
     with ASKING:
+        if STOPPING.is_set():  # the run is stopping: no more questions, each one refused
+            return False
         try:
             with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
                 termios.tcflush(terminal, termios.TCIFLUSH)  # what was typed before the question is not its answer
@@ -235,7 +237,7 @@ def approved(command: str, wants: str = "run") -> bool:
                 answer = terminal.readline().decode(errors="replace") if answered else ""
         except (OSError, termios.error):  # no controlling terminal
             answer = ""
-    if not answer:
+    if not answer and not STOPPING.is_set():  # a stop that woke the question is no missing terminal
         print("(no answer from a terminal: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
 
@@ -1057,6 +1059,8 @@ def stream_turn(
     text, reasoning, calls, usage, finish_reason = "", "", {}, None, None
     stop = None  # how another thread stops this request, once it is open
     try:
+        if STOPPING.is_set():  # a child the stop caught between two requests makes no more
+            raise TurnFailed("interrupted")
         stream = client.chat.completions.create(
             model=MODEL,
             max_tokens=4096,
@@ -1100,7 +1104,7 @@ def stream_turn(
             finish_reason = choice.finish_reason or finish_reason
     except openai.APIError as error:
         if finish_reason is None:  # a break after the finish chunk costs nothing of the answer
-            raise TurnFailed(describe(error)) from None
+            raise TurnFailed("interrupted" if STOPPING.is_set() else describe(error)) from None  # a stop shut it
     finally:
         stopped(stop)
         if text and echo:
@@ -1205,6 +1209,7 @@ def sub_agent(args: dict, call_id: str, client: openai.OpenAI, parent: Session, 
             child.history += run_tools(child_tools, message, finish_reason, f"{label} round {round_number}")
             child.save()
     except TurnFailed as failure:
+        print(f"[{label} failed: {failure}]", file=sys.stderr)
         return f"error: the subagent failed: {failure}"
     finally:
         ASKER.name = None
@@ -1280,14 +1285,15 @@ def workflow(args: dict, call_id: str, client: openai.OpenAI, parent: Session, t
     stages = args.get("stages")
     if problem := plan_error(stages):
         return problem
-    if any(RESULTS in prompt for prompt in stages[0]):
-        print(f"warning: workflow stage 1 uses {RESULTS}, but no stage comes before it", file=sys.stderr)
-    for number, stage in enumerate(stages[1:], start=2):
-        if not any(RESULTS in prompt for prompt in stage):
-            print(
-                f"warning: workflow stage {number} has no {RESULTS}: it will not see stage {number - 1}'s",
-                file=sys.stderr,
-            )
+    # A plan that may not do what its author meant runs, and says so: on stderr, and to the model with the result.
+    notes = [f"stage 1 uses {RESULTS}, but no stage comes before it"] if any(RESULTS in p for p in stages[0]) else []
+    notes += [
+        f"stage {n} has no {RESULTS}: it does not see stage {n - 1}'s results"
+        for n, stage in enumerate(stages[1:], start=2)
+        if not any(RESULTS in p for p in stage)
+    ]
+    for note in notes:
+        print(f"warning: workflow {note}", file=sys.stderr)
     results: list[tuple[str, str]] = []
     for number, stage in enumerate(stages, start=1):
         print(
@@ -1310,7 +1316,7 @@ def workflow(args: dict, call_id: str, client: openai.OpenAI, parent: Session, t
         results = list(zip(origins, in_parallel(jobs), strict=True))
         if STOPPING.is_set():
             return INTERRUPTED
-    answer = results[0][1] if len(results) == 1 else fenced(results)
+    answer = "".join(f"[note: {note}]\n" for note in notes) + (results[0][1] if len(results) == 1 else fenced(results))
     if len(answer) > CHILD_ANSWER_CAP:
         answer = (
             answer[:CHILD_ANSWER_CAP]
@@ -1361,26 +1367,40 @@ def in_parallel(jobs: list[Callable[[], str]]) -> list[str]:
     """Each job's result, in the jobs' order, run on threads, at most MAX_PARALLEL at once.
     After a Ctrl-C the jobs that finished keep their results; the others are interrupted."""
     results, slots, threads = [INTERRUPTED] * len(jobs), threading.Semaphore(MAX_PARALLEL), []
+    ended = threading.Semaphore(0)  # released by each job as it ends: what the main thread waits on
 
     def work(index: int, job: Callable[[], str]) -> None:
         try:
             result = job()
-            if not STOPPING.is_set():  # a child stopped mid-way fails: it is interrupted, not failed
+            # A child the stop caught mid-way fails: it is interrupted, not failed. An answer stays an answer.
+            if not (STOPPING.is_set() and result.startswith("error:")):
                 results[index] = result
         finally:
             slots.release()
+            ended.release()
+
+    def wait_all(seconds: float) -> None:
+        """Until every job started has ended, or `seconds`. Each wait is short: a signal that reached
+        another thread is handled once the main thread runs again. And not join(): before Python
+        3.13, after a join a Ctrl-C interrupted, the thread looks ended, whether it is or not."""
+        deadline = time.monotonic() + seconds
+        while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
+            ended.acquire(timeout=0.1)
 
     try:
         for index, job in enumerate(jobs):
-            slots.acquire()
+            while not slots.acquire(timeout=0.1):
+                pass
             threads.append(threading.Thread(target=work, args=(index, job), daemon=True))
             threads[-1].start()
-        for thread in threads:
-            thread.join()
+        wait_all(float("inf"))
     except KeyboardInterrupt:
+        for number in STOP_SIGNALS:  # a second Ctrl-C must not cut short the saving of the round
+            signal.signal(number, signal.SIG_IGN)
         stop_all()
-        for thread in threads:
-            thread.join(10)  # they end at once now; daemon threads, so a stuck one cannot hold the exit
+        # They end at once now, but for a request whose reply has not started: it cannot be cut yet, so
+        # it is left behind (daemon threads end with the program).
+        wait_all(2)
     return results
 
 
