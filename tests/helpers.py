@@ -46,6 +46,12 @@ def since(chapter: int | str, introduced: int) -> bool:
     return chapter == "final" or int(chapter) >= introduced
 
 
+def calls_saved_first(chapter: int | str) -> bool:
+    """From chapter 19 on, a round's tool calls are on disk before they run (a subagent's file
+    names its call): a run stopped during a tool leaves its call there, without results."""
+    return since(chapter, 19)
+
+
 SESSION_ID_SHAPE = r"\d{8}-\d{6}-[0-9a-f]{8}"
 NEW_SESSION = re.compile(rf"\[new session ({SESSION_ID_SHAPE})\]\n")
 
@@ -677,13 +683,16 @@ def assert_sent(messages: list[dict], stored: list[dict]) -> None:
     assert len(messages) - len(real) == unanswered
 
 
-def assert_batches_whole(messages: list[dict]) -> None:
-    """On disk, every tool-call message is directly followed by all of its results."""
+def assert_batches_whole(messages: list[dict], saved_first: bool = False) -> None:
+    """On disk, every tool-call message is directly followed by all of its results; with
+    saved_first (chapter 19 on, where a call is saved before it runs), or by none of them,
+    a crash having come while its tools ran."""
     for i, message in enumerate(messages):
         ids = [call["id"] for call in message.get("tool_calls") or []]
         if ids:
             after = [m.get("tool_call_id") if m["role"] == "tool" else None for m in messages[i + 1 : i + 1 + len(ids)]]
-            assert after == ids, f"message {i} calls {ids} but is followed by {after}"
+            answered = [call_id for call_id in after if call_id is not None]
+            assert after == ids or (saved_first and not answered), f"message {i} calls {ids} but is followed by {after}"
 
 
 # ---------------------------------------------------------------- compaction (chapter 13 and agent.py)
@@ -740,6 +749,19 @@ SUMMARY_TEXT = "The user plans a bookshop stock API: PostgreSQL 16 for two write
 ANSWER = "Three items are open."
 
 
+def first_request_tokens(chapter: int | str, tmp: Path) -> int:
+    """The tokens of a program's first request for a one-word task, counted as the fake
+    provider's context_limit counts them (bytes / 4): its system prompt and its tools.
+    A test of a tight window sets the window above it, so that a chapter that adds a
+    tool or a line of prompt does not move the test's ground."""
+    probe = tmp / f"probe-{chapter}"
+    probe.mkdir()
+    with FakeProvider() as fp:
+        fp.script(text("ok"))
+        run_agent(chapter, "Hi", provider=fp, cwd=probe)
+        return len(fp.requests[0]["raw"]) // 4
+
+
 def crossing_run(chapter: int | str, provider: FakeProvider, workdir: Path, summary: Reply, **env: str):
     """Resume EARLIER with QUESTION in a 4,000-token window. Its first round reads todo.txt
     and the API counts 3,107 tokens: a compaction comes before the second request,
@@ -789,3 +811,55 @@ def put_skill(workdir: Path, directory: str, text_: str | bytes, root: str = ".a
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text_.encode() if isinstance(text_, str) else text_)
     return path
+
+
+# ---------------------------------------------------------------- subagents (chapters 19 to 21)
+
+
+def first_user(body: dict) -> str | None:
+    """The first user message of a chat request: the task, or a child's prompt."""
+    return next((m.get("content") for m in body["messages"] if m["role"] == "user"), None)
+
+
+def requests_of(provider: FakeProvider, key: str) -> list[dict]:
+    """The chat requests of one conversation: those whose first user message holds key
+    (as FakeProvider.route picks them), in arrival order."""
+    return [body for body in provider.chat_requests if key in (first_user(body) or "")]
+
+
+def children(workdir: Path, parent_id: str) -> dict[str, tuple[dict, list[dict]]]:
+    """The children of a session on disk, .sessions/<parent ID>/<child ID>.jsonl, by the
+    description in their header: (header, messages), read independently of the agent."""
+    found = {}
+    for path in sorted((workdir / ".sessions" / parent_id).glob("*.jsonl")):
+        records, torn = complete_lines(path.read_bytes())
+        assert torn == b"", f"torn tail in {path.name}: {torn[:80]!r}"
+        header, *rest = records
+        assert header["type"] == "meta" and header["id"] == path.stem, header
+        assert all(r["type"] == "message" for r in rest), rest
+        assert header["description"] not in found, f"two children described {header['description']!r}"
+        found[header["description"]] = (header, [r["message"] for r in rest])
+    return found
+
+
+def record_arrivals(provider: FakeProvider) -> list[tuple[float, dict]]:
+    """From now on, (time.monotonic() of its arrival, body) of every request, in arrival order:
+    the moment the fake provider takes it, before any Reply.delay."""
+    arrivals: list[tuple[float, dict]] = []
+    take = provider._take
+
+    def recorded(path: str, headers: dict, body: Any, raw: bytes) -> Reply | None:
+        arrivals.append((time.monotonic(), body))
+        return take(path, headers, body, raw)
+
+    provider._take = recorded
+    return arrivals
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 30) -> None:
+    """Poll a condition no event announces (a counter of the fake provider), bounded."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"never: {what}")
+        time.sleep(0.01)

@@ -29,6 +29,7 @@ from helpers import (
     budget_lines,
     crossing_run,
     file_records,
+    first_request_tokens,
     hint,
     new_session_id,
     number,
@@ -172,10 +173,10 @@ def test_a_first_request_over_the_window_has_nothing_to_fold(provider: FakeProvi
     ids=["refused once more", "the last round alone too long"],
 )
 def test_a_refusal_that_compaction_cannot_cure_ends_the_run_with_one_error(
-    provider: FakeProvider, workdir: Path, repeat: int, requests: list[tuple[bool, bool]]
+    provider: FakeProvider, workdir: Path, tmp_path: Path, repeat: int, requests: list[tuple[bool, bool]]
 ) -> None:
     """The request is sent once more after a compaction, and no more."""
-    small_server(provider, limit=1000)
+    small_server(provider, limit=first_request_tokens("final", tmp_path) + 100)  # its prompt and tools, and a little
     (workdir / "f1.txt").write_text("file 1 " * repeat)
     provider.script(tool_call("read_file", {"path": "f1.txt"}), text("never sent"))
     result = run_agent("final", "Read f1.txt", provider=provider, cwd=workdir, MODEL="deepseek-chat")

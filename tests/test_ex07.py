@@ -29,6 +29,7 @@ from helpers import (
     assert_ok,
     bash_calls,
     calls,
+    calls_saved_first,
     disk_messages,
     hint,
     kill_quietly,
@@ -75,7 +76,11 @@ def test_tool_is_declared_with_an_optional_integer_timeout(
 ) -> None:
     run(chapter, provider, workdir, bash_calls(c1="true"))
     tools = {tool["function"]["name"]: tool["function"] for tool in provider.chat_requests[0]["tools"]}
-    assert set(tools) == {"read_file", "write_file", "edit_file", "bash"}
+    chapter_7 = {"read_file", "write_file", "edit_file", "bash"}
+    if chapter == "final":
+        assert chapter_7 <= set(tools)  # later chapters add tools after these
+    else:
+        assert set(tools) == chapter_7
     parameters = tools["bash"]["parameters"]
     assert parameters["required"] == ["command"]
     assert parameters["properties"]["command"]["type"] == "string"
@@ -386,6 +391,8 @@ def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
     assert lines[-1] == hint(session_id), result.stderr
     assert lines[-2].startswith("interrupted"), result.stderr
     stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
-    assert [m["role"] for m in stored] == ["system", "user", "assistant", "tool"]  # round 1, not round 2
+    # Round 1 whole; from chapter 19 on, round 2's call too, saved before it ran, with no result.
+    roles = ["system", "user", "assistant", "tool"] + ["assistant"] * calls_saved_first(chapter)
+    assert [m["role"] for m in stored] == roles
     assert [c["id"] for c in stored[2]["tool_calls"]] == ["r1"]
     assert stored[3] == {"role": "tool", "tool_call_id": "r1", "content": "notes ✏️\n"}

@@ -36,6 +36,7 @@ from helpers import (
     complete_lines,
     crossing_run,
     file_records,
+    first_request_tokens,
     message_line,
     put_session,
     replayed,
@@ -357,17 +358,20 @@ def test_the_summary_request_fits_a_small_window_with_the_head_and_tail_of_a_hug
 
 @both
 def test_one_long_task_folds_only_in_agent_py_which_keeps_a_tail_from_a_round(
-    provider: FakeProvider, workdir: Path, chapter: int | str
+    provider: FakeProvider, workdir: Path, tmp_path: Path, chapter: int | str
 ) -> None:
     """The chapter's tail starts only at a user message, and a single task has none to
     cut before; agent.py starts it at a round of the model's instead."""
+    window = first_request_tokens(chapter, tmp_path) + 2440  # 3,000 for chapter 13: room for its prompt and tools
     for name in "abc":
         (workdir / f"{name}.txt").write_text(f"{name} " * 1200)  # 600 tokens each
     provider.measure = True  # each round's count is the request's own size
     provider.summary = text(SUMMARY_TEXT)
     provider.script(*[tool_call("read_file", {"path": f"{name}.txt"}, call_id=f"call_{name}") for name in "abc"])
     provider.script(text("Read all three."))
-    result = run_agent(chapter, "Read a.txt, b.txt and c.txt", provider=provider, cwd=workdir, CONTEXT_WINDOW="3000")
+    result = run_agent(
+        chapter, "Read a.txt, b.txt and c.txt", provider=provider, cwd=workdir, CONTEXT_WINDOW=str(window)
+    )
     assert_ok(result, "Read all three.\n")
     turns = turn_requests(provider)
     assert len(turns) == 4

@@ -852,8 +852,10 @@ def test_a_stop_signal_at_the_question_runs_nothing_and_exits_130(
     assert lines[-1] == hint(session_id) and lines[-2].startswith("interrupted"), result.stderr
     assert not (workdir / "ran.txt").exists()
     stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
-    assert [m["role"] for m in stored] == ["system", "user", "assistant", "tool"]
+    # The second call is on disk, saved before it could run, with no result: a resume answers it "interrupted".
+    assert [m["role"] for m in stored] == ["system", "user", "assistant", "tool", "assistant"]
     assert stored[3] == {"role": "tool", "tool_call_id": "first", "content": f"{workdir}\n"}
+    assert [call["id"] for call in stored[4]["tool_calls"]] == ["second"]
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
@@ -870,7 +872,11 @@ def test_a_stop_signal_mid_tool_kills_children_that_ignore_it_and_let_go_of_the_
         result = live.stopped_mid_command(workdir, number)
     session_id = new_session_id(result.stderr)
     assert stderr_lines(result.stderr)[-1] == hint(session_id), result.stderr
-    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == [
+        "system",
+        "user",
+        "assistant",  # the call, saved before it ran; no result
+    ]
 
 
 # Signals whose default action ends a process, beyond the four the chapters stop on (signal(7)):
@@ -970,7 +976,11 @@ def test_a_second_stop_signal_during_the_cleanup_changes_nothing(
     lines = stderr_lines(result.stderr)
     assert lines[-2:] == ["interrupted: the rounds completed so far are saved", hint(session_id)], result.stderr
     assert not alive(command)
-    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == ["system", "user"]
+    assert [m["role"] for m in disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")] == [
+        "system",
+        "user",
+        "assistant",  # the call, saved before it ran; no result
+    ]
 
 
 # ---------------------------------------------------------------- a task that is not UTF-8

@@ -227,7 +227,8 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
             live.signal(signal.SIGINT)
             code, out, err = live.finish(timeout=30)
         requests = fp.chat_requests
-    assert chain.check("run it", err, requests) == []
+    # The call is on disk, saved before it could run; the resume answers it "interrupted", in the request.
+    assert [shape(m) for m in chain.check("run it", err, requests)] == [("assistant", None, None, ("call_c2",))]
     interrupted(code, err, chain.id)
 
     # Mid-tool: an approved command is running; Ctrl-C also stops the command.
@@ -243,7 +244,9 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
             finally:
                 kill_quietly(sleeper)
         requests = fp.chat_requests
-    assert chain.check("run the long one", err, requests) == []
+    assert [shape(m) for m in chain.check("run the long one", err, requests)] == [
+        ("assistant", None, None, ("call_c3",))
+    ]
     interrupted(code, err, chain.id)
 
     result, requests, added = chain.run("back?", text("back again"))

@@ -343,19 +343,25 @@ def test_full_disk_in_the_middle_of_a_run(provider: FakeProvider, workdir: Path)
     hint = f"[session {ID} — continue with: -c {ID}]"
     assert result.stderr.splitlines()[-1] == hint, result.stderr  # the rounds before it are safe: say how to go on
     assert len(provider.chat_requests) == 1
-    # The question is on disk; the round that could not be written is not, not even in part.
-    assert path.read_bytes() == before + user_record
+    # The question is on disk, and the call, saved before it ran; the results that could not be
+    # written are not, not even in part.
+    call_record = message_line(
+        {"role": "assistant", "content": None, "tool_calls": [call("call_big", "read_file", '{"path": "big.txt"}')]}
+    )
+    assert path.read_bytes() == before + user_record + call_record
 
     provider.replies.clear()
     provider.script(text("It is ten thousand x."))
     result = run_agent("final", "-c", ID, "Try again", provider=provider, cwd=workdir)
     assert_ok(result)
-    assert resumed(result.stderr) == (ID, 4)
+    assert resumed(result.stderr) == (ID, 5)
     assert warnings(result.stderr) == []
     assert provider.chat_requests[-1]["messages"][1:] == [
         USER,
         ANSWER,
         {"role": "user", "content": "Read big.txt"},
+        {"role": "assistant", "content": None, "tool_calls": [call("call_big", "read_file", '{"path": "big.txt"}')]},
+        {"role": "tool", "tool_call_id": "call_big", "content": "error: no result (the run was interrupted)"},
         {"role": "user", "content": "Try again"},
     ]
 
