@@ -4,14 +4,15 @@ This is the last chapter's program plus a production layer: sessions that
 hold up (a lock, durable creation, repairs of what a crash can leave), a
 faster start and -list, -c last and ID prefixes, one exit policy, the files
 other agents read (AGENTS.md and CLAUDE.md up to the repository's root,
-skills in .claude/skills and ~/.agents/skills), and the defences that hostile
-inputs call for: one list of guarded paths for the file tools and bash,
-questions answered only at the terminal, the API key kept out of commands and
-records, atomic writes, and streams, files and settings read as the untrusted
-things they are. exercises/production/README.md walks through every
-addition; its table of contents is
+skills in .claude/skills and ~/.agents/skills), subagents watched, retried
+and stopped together, and the defences that hostile inputs call for: one
+list of guarded paths for the file tools and bash, questions answered only
+at the terminal, the API key kept out of commands and records, atomic
+writes, and streams, files and settings read as the untrusted things they
+are. exercises/production/README.md walks through every addition; its table
+of contents is
 
-    diff -u exercises/ex18/agent.py agent.py
+    diff -u exercises/ex21/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
