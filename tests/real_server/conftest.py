@@ -9,9 +9,10 @@ command: a plain `python3 -m pytest` never starts a server. -n0 runs it
 serially, in one process: each xdist worker would start servers of its own.
 
 The servers (started on first use, stopped at the end): a 4096-token one with
-the tools template for agent.py and chapter 5, a 1024-token one with the same
-template for the test that overflows it, and a 4096-token one with the plain
-chat template for chapters 1 to 3.
+the tools template for agent.py and chapter 5, a smaller one with the same
+template for the test that overflows it (its window sized from agent.py's
+requests), and a 4096-token one with the plain chat template for chapters 1
+to 3.
 
 This directory is a package (__init__.py), so this file is imported as
 real_server.conftest and `import conftest` in the tests still finds
@@ -31,7 +32,6 @@ from .server import CHAT_TEMPLATE, TOOLS_TEMPLATE, LlamaServer, Proxy
 HERE = Path(__file__).resolve().parent
 COMMAND = f"{build.COMMAND} && python3 -m pytest -n0 -m real_server tests/real_server"
 WINDOW = 4096  # the window of the server most tests use
-SMALL_WINDOW = 1024  # the window the overflow test fills
 
 
 def asked_for(config: pytest.Config) -> bool:
@@ -86,10 +86,19 @@ def proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Proxy]:
 
 
 @pytest.fixture
-def small_proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Proxy]:
-    """A proxy in front of the 1024-token server with the tools template."""
-    with Proxy(llama_servers(SMALL_WINDOW, TOOLS_TEMPLATE)) as p:
-        yield p
+def small_proxy(llama_servers: Callable[[int, Path], LlamaServer]) -> Iterator[Callable[[int], Proxy]]:
+    """small_proxy(window): a proxy in front of a server with that window and the tools template.
+    The overflow test sizes the window from what agent.py's requests cost: every chapter
+    that adds a tool or a line of the system prompt makes them longer."""
+    proxies: list[Proxy] = []
+
+    def make(window: int) -> Proxy:
+        proxies.append(Proxy(llama_servers(window, TOOLS_TEMPLATE)).__enter__())
+        return proxies[-1]
+
+    yield make
+    for proxy in proxies:
+        proxy.__exit__(None, None, None)
 
 
 @pytest.fixture

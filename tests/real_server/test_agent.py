@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from conftest import run_agent
@@ -184,18 +186,51 @@ def valid_json(text: str) -> bool:
 
 # ---------------------------------------------------------------- the window overflows
 
-# A long first request that fits the 1024-token window, and a second one that
-# does not fit with it: digits are one token each for Gemma, so the second is
-# many tokens in few characters (agent.py estimates 4 characters a token), and
-# agent.py's own estimate keeps it below the part that compaction keeps word for word.
+# A long first request that fits the window, and a second one that does not fit
+# with it: digits are one token each for Gemma, so the second is many tokens in
+# few characters (agent.py estimates 4 characters a token), and agent.py's own
+# estimate keeps it below the part that compaction keeps word for word.
 LONG_TASK = "Keep these notes for later.\n" + "".join(
-    f"Note {i}: the build step {i} runs before the tests of module {i}, and after the lint.\n" for i in range(15)
+    f"Note {i}: the build step {i} runs before the tests of module {i}, and after the lint.\n" for i in range(20)
 )
 LOG = "And this log, too: " + " ".join(f"{(i * 7919) % 10000:04d}" for i in range(100))
 
 
-def test_window_overflow_compacts_and_the_turn_succeeds(small_proxy: Proxy, workdir: Path) -> None:
-    proxy = small_proxy
+def tokens(server: LlamaServer, text: str) -> int:
+    """How many tokens the server's own tokenizer makes of text."""
+    request = urllib.request.Request(
+        f"{server.base}/tokenize",
+        data=json.dumps({"content": text}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return len(json.load(response)["tokens"])
+
+
+def overflow_window(proxy: Proxy, workdir: Path) -> int:
+    """A window the first request fits and the second does not, after agent.py's own first
+    request: its system prompt and tools grow with the chapters, so a fixed number would
+    not do. With P the first request's tokens (the prompt, the tools, LONG_TASK), the
+    second is about P + the answer + LOG, and after a compaction about P - LONG_TASK +
+    the summary + LOG (answers and summaries are capped at the proxy's few tokens): a
+    window of P + LOG - LONG_TASK / 2 lies half of LONG_TASK away from both. llama-server
+    rounds a window up to a multiple of 256: the nearest one is taken, within 128 of it, so
+    half of LONG_TASK (about 220 tokens) must be more than that and a summary, and LOG (about
+    500) more than half of LONG_TASK and 128."""
+    probe = workdir.parent / "probe"
+    probe.mkdir()
+    assert_ok(run_agent("final", LONG_TASK, provider=proxy, cwd=probe, timeout=300, CONTEXT_WINDOW=None))
+    first = proxy.chats[-1].usage()["prompt_tokens"]
+    server = proxy.upstream
+    middle = first + tokens(server, LOG) - tokens(server, LONG_TASK) // 2
+    return round(middle / 256) * 256
+
+
+def test_window_overflow_compacts_and_the_turn_succeeds(
+    proxy: Proxy, small_proxy: Callable[[int], Proxy], workdir: Path
+) -> None:
+    window = overflow_window(proxy, workdir)
+    proxy = small_proxy(window)
     # CONTEXT_WINDOW is unset and MODEL is not in agent.py's table: it believes in 32,000 tokens.
     first = run_agent("final", LONG_TASK, provider=proxy, cwd=workdir, timeout=300, CONTEXT_WINDOW=None)
     assert_ok(first)
@@ -211,13 +246,13 @@ def test_window_overflow_compacts_and_the_turn_succeeds(small_proxy: Proxy, work
     assert refused.status == 400, (refused.status, refused.body[:300])
     error = refused.json()["error"]
     assert re.fullmatch(
-        r"request \(\d+ tokens\) exceeds the available context size \(1024 tokens\).*", error["message"]
+        rf"request \(\d+ tokens\) exceeds the available context size \({window} tokens\).*", error["message"]
     )
-    assert error["n_prompt_tokens"] > 1024
+    assert error["n_prompt_tokens"] > window
     assert sent_messages(refused) == [*sent_messages(one), assistant_of(one), {"role": "user", "content": LOG}]
     assert re.search(
-        r"^warning: HTTP 400: request \(\d+ tokens\) exceeds the available context size \(1024 tokens\).*; "
-        r"making room for a 1,024-token window and trying again$",
+        rf"^warning: HTTP 400: request \(\d+ tokens\) exceeds the available context size \({window} tokens\).*; "
+        rf"making room for a {window:,}-token window and trying again$",
         second.stderr,
         re.MULTILINE,
     ), second.stderr
@@ -229,8 +264,8 @@ def test_window_overflow_compacts_and_the_turn_succeeds(small_proxy: Proxy, work
     summary_text = summarizing.json()["choices"][0]["message"]["content"]
     folded = {"role": "user", "content": f"[summary of the earlier conversation]\n{summary_text}"}
     assert sent_messages(retried) == [sent_messages(one)[0], folded, {"role": "user", "content": LOG}]
-    assert retried.usage()["prompt_tokens"] < 1024
-    assert re.search(r"^\[budget [\d,]+/1,024 tokens", second.stderr, re.MULTILINE), second.stderr
+    assert retried.usage()["prompt_tokens"] < window
+    assert re.search(rf"^\[budget [\d,]+/{window:,} tokens", second.stderr, re.MULTILINE), second.stderr
 
     # On disk: the folded messages stay, one compaction record follows, then the new answer.
     records = [json.loads(line) for line in session_file(workdir, session_id).read_bytes().splitlines()]
