@@ -42,6 +42,7 @@ from helpers import (
     calls,
     children,
     disk_messages,
+    file_records,
     new_session_id,
     put_skill,
     requests_of,
@@ -401,3 +402,29 @@ def test_two_children_one_after_the_other_each_name_their_call(
     assert {name: header["call"] for name, (header, _) in found.items()} == {DESCRIPTION: "s1", "count": "s2"}
     assert found["count"][1][1] == {"role": "user", "content": other}
     assert results(provider) == {"s1": ANSWER, "s2": "One line."}
+
+
+@both
+def test_a_call_cut_off_by_max_tokens_is_saved_with_empty_arguments_before_anything_runs(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    """A call is saved before it runs (chapter 19); one cut off mid-arguments is never run, and goes to
+    disk, and back to the server, as {}: half-written JSON is refused by strict servers. In the
+    parent and in a child alike."""
+    cut = Reply(tool_calls=[("cut", "write_file", '{"path": "x.txt", "content": "unfini')], finish="length")
+    child_cut = Reply(tool_calls=[("ccut", "write_file", '{"path": "y.txt", "cont')], finish="length")
+    provider.script(cut, calls(sub(prompt="Write y.txt")), text(FINAL))
+    provider.route("Write y.txt", child_cut, text("could not"))
+    result = run_agent(chapter, TASK, provider=provider, cwd=workdir)
+    assert_ok(result, FINAL + "\n")
+    assert not (workdir / "x.txt").exists() and not (workdir / "y.txt").exists()
+    parent = disk_messages(session_file(workdir, result.stderr))
+    child_file = next((workdir / ".sessions" / new_session_id(result.stderr)).glob("*.jsonl"))
+    child = [r["message"] for r in file_records(child_file) if r["type"] == "message"]
+    for messages, call_id in ((parent, "cut"), (child, "ccut")):
+        [call] = [c for m in messages for c in m.get("tool_calls") or [] if c["id"] == call_id]
+        assert call["function"]["arguments"] == "{}", call
+    for request in provider.chat_requests:
+        for message in request["messages"]:
+            for call in message.get("tool_calls") or []:
+                json.loads(call["function"]["arguments"])  # never half-written JSON

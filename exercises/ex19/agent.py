@@ -1095,16 +1095,19 @@ def cached_tokens(usage: object) -> int:
     return hit or 0
 
 
-def run_tools(tools: Registry, message: dict, finish_reason: str, label: str) -> list[dict]:
-    """One tool message per call of message, in the order the model asked; each call shown on stderr."""
+def run_tools(tools: Registry, message: dict, finish_reason: str, label: str, save: Callable[[], None]) -> list[dict]:
+    """One tool message per call of message, in the order the model asked; each call shown on stderr.
+    save() puts the calls on disk before any runs: a subagent's file names its call, which must be there."""
     cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
     if cut_off:
         print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
+        for call in message["tool_calls"]:
+            call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
+    save()
     results = []
     for call in message["tool_calls"]:
         name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
         if cut_off:
-            call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
             result = CUT_OFF
         else:
             print(f"[{label}] {name}({raw_arguments})", file=sys.stderr)
@@ -1154,11 +1157,11 @@ def sub_agent(args: dict, call_id: str, client: openai.OpenAI, parent: Session, 
             offered = child_tools.definitions() if round_number <= CHILD_ROUNDS else []
             message, finish_reason, usage = stream_turn(client, child.history, offered, echo=False)
             child.history.append(message)
-            child.save()
             spent += usage.prompt_tokens + usage.completion_tokens if usage else 0
             if "tool_calls" not in message or not offered:
+                child.save()
                 break
-            child.history += run_tools(child_tools, message, finish_reason, f"{label} round {round_number}")
+            child.history += run_tools(child_tools, message, finish_reason, f"{label} round {round_number}", child.save)
             child.save()
     except TurnFailed as failure:
         return f"error: the subagent failed: {failure}"
@@ -1247,8 +1250,7 @@ def main() -> None:
             )
             return
         print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
-        session.save()  # the calls on disk before they run: a subagent's file names its call, which must be there
-        history += run_tools(registry, message, finish_reason, f"round {round_number}")
+        history += run_tools(registry, message, finish_reason, f"round {round_number}", session.save)
         session.save()  # the results right after their calls; a crash in between is healed when the file loads
     print(f"stopped: reached the {MAX_ROUNDS}-round limit\n{hint}", file=sys.stderr)
     sys.exit(1)
