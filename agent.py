@@ -482,6 +482,7 @@ def approved(command: str, wants: str = "run", who: str = "") -> bool:
     with ASKING:
         if STOPPING.is_set():  # the run is stopping: no more questions, each one refused
             return False
+        hold_status_lines(True)
         try:
             with open("/dev/tty", "r+b", buffering=0) as terminal:  # unbuffered: a terminal cannot seek
                 termios.tcflush(terminal, termios.TCIFLUSH)  # what was typed before the question is not its answer
@@ -492,6 +493,8 @@ def approved(command: str, wants: str = "run", who: str = "") -> bool:
                 answer = terminal.readline().decode(errors="replace") if answered else ""
         except (OSError, termios.error):  # no controlling terminal
             answer = ""
+        finally:
+            hold_status_lines(False)
     if not answer and not STOPPING.is_set():  # a stop that woke the question is no missing terminal
         print("(no answer from a terminal: refused)", file=sys.stderr)
     return answer.strip().lower() in ("y", "yes")
@@ -2013,6 +2016,10 @@ def send(client: openai.OpenAI, messages: list[dict], max_tokens: int, tools: li
             return request(client, messages, max_tokens, tools)
         except openai.APIStatusError as error:  # not a connection refused: a server that is not there, fails at once
             wait = retry_wait(error, attempt)
+            asked = asked_wait(error.response.headers) if error.status_code in RETRIED else None
+            if asked is not None and asked > LONGEST_WAIT:
+                waits = f"the provider asks to wait {asked:,.0f} s, longer than the {LONGEST_WAIT} s this agent waits"
+                raise Failure(f"{describe(error)}; {waits}: try again later") from error
             if wait is None or STOPPING.is_set():
                 raise
             say(f"[{who or 'request'}: {stream_failure(error)}; trying again in {wait:g} s ({attempt}/{MAX_RETRIES})]")
@@ -2029,8 +2036,16 @@ def retry_wait(error: openai.APIStatusError, attempt: int) -> float | None:
         return None
     if headers.get("x-should-retry", "").lower() == "false":
         return None
+    if (asked := asked_wait(headers)) is not None:
+        return max(0.0, asked) if asked <= LONGEST_WAIT else None
+    return 0.5 * 2 ** (attempt - 1)  # 0.5 s, then 1 s
+
+
+def asked_wait(headers: object) -> float | None:
+    """The seconds a failed response asks to wait (Retry-After: seconds or an HTTP date;
+    OpenAI's retry-after-ms), None if it asks nothing readable."""
     asked = None
-    with contextlib.suppress(ValueError, TypeError):  # seconds, or (OpenAI's) milliseconds
+    with contextlib.suppress(ValueError, TypeError, OverflowError):  # seconds, or (OpenAI's) milliseconds
         asked = (
             float(headers["retry-after-ms"]) / 1000
             if "retry-after-ms" in headers
@@ -2039,11 +2054,9 @@ def retry_wait(error: openai.APIStatusError, attempt: int) -> float | None:
     if asked is None and "retry-after" in headers:  # an HTTP date
         import email.utils  # here: only a retry needs it
 
-        with contextlib.suppress(ValueError, TypeError, IndexError):
+        with contextlib.suppress(ValueError, TypeError, IndexError, OverflowError):
             asked = email.utils.parsedate_to_datetime(headers["retry-after"]).timestamp() - time.time()
-    if asked is not None:
-        return max(0.0, asked) if asked <= LONGEST_WAIT else None
-    return 0.5 * 2 ** (attempt - 1)  # 0.5 s, then 1 s
+    return asked if asked is None or math.isfinite(asked) else None
 
 
 def request(client: openai.OpenAI, messages: list[dict], max_tokens: int, tools: list[dict]) -> object:
@@ -2155,7 +2168,7 @@ def run_tools(tools: Registry, message: dict, finish_reason: str, label: str, sa
     calls = message["tool_calls"]
     cut_off = finish_reason == "length"  # max_tokens struck mid-reply: arguments may be half-written
     if cut_off:
-        print("warning: the reply was cut off by max_tokens; its tool calls were not run", file=sys.stderr)
+        say("warning: the reply was cut off by max_tokens; its tool calls were not run")
         for call in calls:
             call["function"]["arguments"] = "{}"  # half-written JSON sent back is refused by strict servers
     save()
@@ -2379,17 +2392,34 @@ RUNNING: set[Callable[[], None]] = set()  # how to stop what each thread waits o
 RUNNING_LOCK = threading.Lock()
 WAKE = os.pipe()  # written on a stop: a question waiting for its answer wakes up
 ASKER = threading.local()  # the child this thread runs, so that its questions say so
-ASKING = threading.RLock()  # one question on the terminal at a time; say() waits for it too
+ASKING = threading.Lock()  # one question on the terminal at a time
+STATUS = threading.Lock()  # one status line written at a time, and HELD with them
+HELD: list[str] | None = None  # while a question is on the terminal: the status lines held back
 INTERRUPTED = "error: interrupted: the user stopped the run before this subagent finished"
 
 
 def say(line: str) -> None:
     """A status line on stderr from any thread: written whole, in one write (two threads'
-    lines never run together), and never while another thread's question is on the
-    terminal (a line after "allow? (y/N)" could make it look like another command's)."""
-    with ASKING:
+    lines never run together), and never while a question is on the terminal (a line
+    after "allow? (y/N)" could make it look like another command's). Such a line is
+    held and written once the question is answered: a child that only wants to say it
+    started must not wait for a person, or it could not even send its request."""
+    with STATUS:
+        if HELD is not None:
+            HELD.append(line)
+            return
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def hold_status_lines(hold: bool) -> None:
+    """Start holding status lines back (a question goes up), or write what was held and stop."""
+    global HELD
+    with STATUS:
+        held, HELD = HELD or [], [] if hold else None
+        if held:
+            sys.stderr.write("".join(line + "\n" for line in held))
+            sys.stderr.flush()
 
 
 def stoppable(stop: Callable[[], None]) -> None:
