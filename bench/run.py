@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(BENCH))
 sys.dont_write_bytecode = True  # leave no __pycache__ in bench/ or tests/
 
 import workload  # noqa: E402  (bench/ must be on the path first)
-from timed_provider import TimedProvider, text, tool_call  # noqa: E402
+from timed_provider import TimedProvider, text, tool_call, tool_calls  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -156,7 +158,7 @@ def yes_no(ok: bool) -> str:
 
 def figure_save_bytes(tmp: Path) -> list[Row]:
     """1. Bytes written by one save ÷ bytes of the new records, 3,000-message history."""
-    say("1/8 bytes written by one save (3,000-message history)")
+    say(f"1/{len(FIGURES)} bytes written by one save (3,000-message history)")
     work = tmp / "save-bytes"
     work.mkdir()
     sid = workload.session_id(1)
@@ -207,7 +209,7 @@ def figure_save_bytes(tmp: Path) -> list[Row]:
 
 def figure_save_time(tmp: Path, saves: int = 300) -> list[Row]:
     """2. Time of one save into a 20,000-message history ÷ into a 20-message one."""
-    say(f"2/8 save time, 20,000 vs 20 messages ({saves} saves each, fsync included)")
+    say(f"2/{len(FIGURES)} save time, 20,000 vs 20 messages ({saves} saves each, fsync included)")
     work = tmp / "save-time"
     work.mkdir()
     small, big = workload.session_id(2), workload.session_id(3)
@@ -244,7 +246,7 @@ NO_COMPACTION = {"CONTEXT_WINDOW": str(10**9)}
 
 def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
     """3. Resume (load + first request sent) of a ~50 MB session ÷ a bare json.loads + json.dumps pass; memory."""
-    say("3/8 resume of a ~50 MB session (building it)")
+    say(f"3/{len(FIGURES)} resume of a ~50 MB session (building it)")
     work = tmp / "resume"
     work.mkdir()
     body, count = workload.body_of_size(50 * MB)
@@ -260,7 +262,7 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
         provider.validate = False  # the provider's own work on a 50 MB request is not the agent's
         env = {**agent_env(tmp, provider.url), **NO_COMPACTION}
         for number in range(repeats):
-            say(f"3/8 resume, end to end, round {number + 1}/{repeats}")
+            say(f"3/{len(FIGURES)} resume, end to end, round {number + 1}/{repeats}")
             for sid in (tiny, big) if number % 2 else (big, tiny):
                 provider.script(text("ok"))
                 result = checked(run([PYTHON, AGENT, "-c", sid, "next"], work, env, memory=True), f"agent -c {sid}")
@@ -272,7 +274,7 @@ def figure_resume(tmp: Path, repeats: int = 3) -> list[Row]:
                 bare = checked(run([PYTHON, "-c", BARE_PASS, path], work, env, until_stdout=True, memory=True), "bare")
                 bare_runs[sid].append(bare)
             provider.requests.clear()  # 50 MB each: keep only what is needed
-    say("3/8 resume, in-process breakdown")
+    say(f"3/{len(FIGURES)} resume, in-process breakdown")
     steps = json.loads(
         checked(run([PYTHON, BENCH / "save_child.py", AGENT, "resume", big], work, env), "resume child").stdout
     )
@@ -330,7 +332,7 @@ def figure_list(tmp: Path, sessions: int = 1000, runs: int = 5) -> list[Row]:
     """4. -list over 1,000 sessions of 100 messages ÷ a bare json.loads pass over the same files; its growth."""
     rows = []
     for kind, make in (("coding sessions", workload.messages), ("plain chats", workload.chat_messages)):
-        say(f"4/8 -list over {sessions:,} {kind} of 100 messages")
+        say(f"4/{len(FIGURES)} -list over {sessions:,} {kind} of 100 messages")
         work = tmp / "list" / kind.replace(" ", "-")
         bodies = [b"".join(workload.record(m) for m in make(100, seed=seed)) for seed in range(10)]
         env = agent_env(tmp)
@@ -380,7 +382,7 @@ def figure_list(tmp: Path, sessions: int = 1000, runs: int = 5) -> list[Row]:
 
 def figure_bash_memory(tmp: Path) -> list[Row]:
     """5. Peak RSS of the agent while a bash command prints gigabytes, over the same run with `echo hi`."""
-    say("5/8 peak memory while `cat` prints a 4 GiB file")
+    say(f"5/{len(FIGURES)} peak memory while `cat` prints a 4 GiB file")
     work = tmp / "bash"
     work.mkdir()
     # A sparse file: gigabytes to print, no disk. `cat` of a file inside the working
@@ -417,7 +419,7 @@ def figure_bash_memory(tmp: Path) -> list[Row]:
 
 def figure_stream_delay(tmp: Path, runs: int = 7) -> list[Row]:
     """6. Fake provider writes the first text chunk → the chunk on the agent's stdout."""
-    say(f"6/8 streaming delay ({runs} runs)")
+    say(f"6/{len(FIGURES)} streaming delay ({runs} runs)")
     work = tmp / "stream"
     work.mkdir()
     delays = []
@@ -451,7 +453,7 @@ def figure_stream_delay(tmp: Path, runs: int = 7) -> list[Row]:
 
 def figure_startup(tmp: Path, runs: int = 11) -> list[Row]:
     """7. Start-up of `agent.py -h` and `-list` (no sessions) ÷ `python -c pass`."""
-    say(f"7/8 start-up time ({runs} runs each)")
+    say(f"7/{len(FIGURES)} start-up time ({runs} runs each)")
     work = tmp / "startup"
     work.mkdir()
     env = agent_env(tmp)
@@ -484,7 +486,7 @@ def figure_compacted(tmp: Path, window: int = 32_000) -> list[Row]:
     with TimedProvider() as provider:
         env = {**agent_env(tmp, provider.url), "CONTEXT_WINDOW": str(window)}
         for number, size in ((6, 5 * MB), (7, 50 * MB)):
-            say(f"8/8 resume after a compaction, {size // MB} MB session")
+            say(f"8/{len(FIGURES)} resume after a compaction, {size // MB} MB session")
             body, _ = workload.body_of_size(size, seed=number)
             tail = [json.loads(line)["message"] for line in body.splitlines()[-40:]]
             kept = len(tail) - max(i for i, m in enumerate(tail) if m["role"] == "user")  # the last round
@@ -515,6 +517,233 @@ def figure_compacted(tmp: Path, window: int = 32_000) -> list[Row]:
             yes_no(same and tokens <= window),
         )
     ]
+
+
+# ---- parallel subagents: a fan-out of sub_agent calls, at most 4 at once ----
+# One agent process runs many batches, one parent round each, so start-up is out
+# of the measure: a batch's time is from the provider's last byte of the parent's
+# reply holding the sub_agent calls to the parent's next request received. Every
+# child's replies are routed by a key in its prompt (FakeProvider.route); a key
+# is fixed width, so that no key holds another, and the parent's task holds none.
+
+FAN_OUT_TASK = "Run the benchmark's subagents, one batch a round."
+CHILD_DELAY = 0.5  # seconds before each of a child's replies: a model that takes its time
+PARALLEL = 4  # agent.py's MAX_PARALLEL
+
+
+def child_key(batch: int, child: int) -> str:
+    return f"job {batch:03d}.{child:02d}"
+
+
+def sub_agent_calls(batch: int, size: int, task: str) -> list[tuple[str, dict]]:
+    """The parent's reply: `size` sub_agent calls, child n's prompt starting with its key."""
+    return [
+        ("sub_agent", {"description": child_key(batch, n), "prompt": f"{child_key(batch, n)}: {task}"})
+        for n in range(size)
+    ]
+
+
+@dataclass
+class Batch:
+    size: int  # sub_agent calls in the parent's reply
+    seconds: float  # the parent's reply with the calls answered → the parent's next request received
+    start: float  # → the first child's first request received
+    finish: float  # the last child's last answer → the parent's next request received
+    gaps: list[float]  # within each child, its answer written → its next request received: the agent's work
+    spans: list[float]  # each child's first request received → its last answer written
+    busiest: int  # the most children's requests the provider held at once
+
+
+def busiest(exchanges: list) -> int:
+    """The most of these exchanges in flight at the same moment."""
+    events = sorted([(e.received, 1) for e in exchanges] + [(e.answered, -1) for e in exchanges])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def batches(provider: TimedProvider, sizes: list[int]) -> list[Batch]:
+    """What the provider saw of each batch of a run: the parent's requests frame it."""
+    parents = sorted((e for e in provider.exchanges if e.first_user == FAN_OUT_TASK), key=lambda e: e.received)
+    if len(parents) != len(sizes) + 1:
+        raise SystemExit(f"bench: the parent made {len(parents)} requests, not {len(sizes) + 1}")
+    found = []
+    for number, size in enumerate(sizes):
+        before, after = parents[number], parents[number + 1]
+        prefix = child_key(number, 0)[:-2]
+        mine = [e for e in provider.exchanges if isinstance(e.first_user, str) and e.first_user.startswith(prefix)]
+        by_child: dict[str, list] = {}
+        for exchange in sorted(mine, key=lambda e: e.received):
+            by_child.setdefault(exchange.first_user, []).append(exchange)
+        if len(by_child) != size:
+            raise SystemExit(f"bench: batch {number} ran {len(by_child)} children, not {size}")
+        found.append(
+            Batch(
+                size=size,
+                seconds=after.received - before.answered,
+                start=min(e.received for e in mine) - before.answered,
+                finish=after.received - max(e.answered for e in mine),
+                gaps=[
+                    b.received - a.answered
+                    for child in by_child.values()
+                    for a, b in zip(child, child[1:], strict=False)
+                ],
+                spans=[child[-1].answered - child[0].received for child in by_child.values()],
+                busiest=busiest(mine),
+            )
+        )
+    return found
+
+
+def run_batches(
+    tmp: Path,
+    name: str,
+    sizes: list[int],
+    routes: Callable[[int, int], list],
+    memory: bool = False,
+    files: dict[str, str] | None = None,
+) -> tuple[Run, list[Batch]]:
+    """One agent process whose parent makes a batch of sub_agent calls a round, one batch
+    of each size in `sizes`, then answers. routes(batch, child) gives a child's replies."""
+    work = tmp / name
+    work.mkdir()
+    for path, content in {"notes.txt": "alpha\nbeta\n", **(files or {})}.items():
+        (work / path).write_text(content)
+    with TimedProvider() as provider:
+        task = "Read notes.txt and say what it holds."
+        provider.script(*(tool_calls(sub_agent_calls(n, size, task)) for n, size in enumerate(sizes)), text("done"))
+        for number, size in enumerate(sizes):
+            for child in range(size):
+                provider.route(child_key(number, child), *routes(number, child))
+        result = checked(run([PYTHON, AGENT, FAN_OUT_TASK], work, agent_env(tmp, provider.url), memory=memory), name)
+        if provider.remaining or any(provider.routes.values()):
+            raise SystemExit(f"bench: {name}: replies left unused: the agent did not run every child to its end")
+        fanned = result.stderr.decode().count(f" sub_agent calls, at most {PARALLEL} at once]")
+        if fanned != sum(size > 1 for size in sizes):  # a batch of one runs as any call does
+            raise SystemExit(f"bench: {name}: {fanned} fan-outs announced, not {sum(size > 1 for size in sizes)}")
+        return result, batches(provider, sizes)
+
+
+def child_rounds(rounds: int = 3, delay: float = CHILD_DELAY) -> list:
+    """A child's replies: a read_file a round, then its answer; each after `delay` seconds."""
+    return [tool_call("read_file", {"path": "notes.txt"}, delay=delay) for _ in range(rounds - 1)] + [
+        text("It holds two lines: alpha and beta.", delay=delay)
+    ]
+
+
+def fan_out_ratio(tmp: Path, number: int, children: int, repeats: int, target: float) -> list[Row]:
+    """A fan-out of `children` 3-round children ÷ one such child alone, in one process, interleaved."""
+    rounds = 3
+    say(f"{number}/{len(FIGURES)} {children} subagents in parallel vs one alone ({repeats} of each, 0.5 s a reply)")
+    sizes = [1]  # a first child, not counted: what is done once per process is not the fan-out's
+    for repeat in range(repeats):
+        sizes += [1, children] if repeat % 2 == 0 else [children, 1]
+    _, found = run_batches(tmp, f"fan-out-{children}", sizes, lambda batch, child: child_rounds(rounds))
+    alone = [b for b in found[1:] if b.size == 1]
+    fan = [b for b in found[1:] if b.size == children]
+    t_alone, t_fan = (statistics.median(b.seconds for b in group) for group in (alone, fan))
+    ratio = t_fan / t_alone
+    waves = -(-children // PARALLEL)
+    ms = 1e3
+
+    def gap(group: list[Batch]) -> float:
+        return statistics.median(g for b in group for g in b.gaps) * ms
+
+    def part(group: list[Batch], what: str) -> float:
+        return statistics.median(getattr(b, what) for b in group) * ms
+
+    floor = rounds * CHILD_DELAY
+    value = (
+        f"{ratio:.2f} ({t_fan:.2f} s vs {t_alone:.2f} s, medians of {repeats}; the provider's delays alone: "
+        f"{waves * floor:.1f} s vs {floor:.1f} s, {waves:.2f}). At most {max(b.busiest for b in fan)} "
+        f"children's requests at once. The agent's own time: per child round (an answer received → the next "
+        f"request) {gap(alone):.0f} ms alone, {gap(fan):.0f} ms in the fan-out; from the parent's reply to the "
+        f"first child's request {part(alone, 'start'):.0f} / {part(fan, 'start'):.0f} ms; from the last child's "
+        f"answer to the parent's request {part(alone, 'finish'):.0f} / {part(fan, 'finish'):.0f} ms; the "
+        f"uncounted first child {found[0].seconds:.2f} s"
+    )
+    title = f"Fan-out of {children} subagents (3 rounds, 0.5 s a reply) ÷ one alone" + (
+        f", at most {PARALLEL} at once" if children > PARALLEL else ""
+    )
+    return [(title, value, f"≤ {target}", yes_no(ratio <= target and max(b.busiest for b in fan) <= PARALLEL))]
+
+
+def figure_fan_out(tmp: Path, repeats: int = 5) -> list[Row]:
+    """9. Four children of three rounds in parallel ÷ one child alone."""
+    return fan_out_ratio(tmp, 9, 4, repeats, 1.3)
+
+
+def figure_fan_out_limit(tmp: Path, repeats: int = 5) -> list[Row]:
+    """10. Eight children at the limit of four ÷ one child alone."""
+    return fan_out_ratio(tmp, 10, 8, repeats, 2.4)
+
+
+def text_file(size: int, snippets: list[str], seed: int) -> str:
+    """Exactly `size` bytes of UTF-8 text, lines drawn from snippets."""
+    rng, parts, total = random.Random(seed), [], 0
+    while total + len((piece := rng.choice(snippets)).encode()) < size:
+        parts.append(piece)
+        total += len(piece.encode())
+    return "".join(parts) + "#" * (size - total - 1) + "\n"
+
+
+def figure_fan_out_memory(tmp: Path, runs: int = 3, reads: int = 20, size: int = 30 * 1024) -> list[Row]:
+    """11. Peak RSS while 4 children each read a 30 KiB file 20 times, over 4 children that read nothing."""
+    say(f"11/{len(FIGURES)} peak memory while 4 subagents each read a 30 KiB file {reads} times ({runs} runs each)")
+    per_round = 5  # read_file calls in one reply: 4 rounds of 5 stay under a child's 6 rounds with tools
+    delay = 0.1  # long enough that the four children's requests overlap
+    # Source code (ASCII: a byte a character in Python too), and the sessions' mix of code, logs,
+    # Chinese, Japanese, accents and an emoji (which makes a Python string 4 bytes a character).
+    files = {
+        "code": text_file(size, [s for s in workload.SNIPPETS if s.isascii()], seed=11),
+        "mixed": text_file(size, workload.SNIPPETS, seed=11),
+    }
+
+    def reading(name: str) -> Callable[[int, int], list]:
+        calls = [("read_file", {"path": f"{name}.txt"})] * per_round
+        return lambda batch, child: (
+            [tool_calls(calls, delay=delay) for _ in range(reads // per_round)] + [text("Read it.", delay=delay)]
+        )
+
+    def idle(batch: int, child: int) -> list:
+        return [text("Nothing to read.", delay=delay)]
+
+    kinds = [("idle", idle), *((name, reading(name)) for name in files)]
+    peaks: dict[str, list[int]] = {name: [] for name, _ in kinds}
+    for number in range(runs):  # interleaved: drift hits all alike
+        for name, routes in kinds[:: 1 if number % 2 == 0 else -1]:
+            label = f"fan-out-memory-{name}-{number}"
+            files_in = {f"{kind}.txt": content for kind, content in files.items()}
+            result, (batch,) = run_batches(tmp, label, [PARALLEL], routes, memory=True, files=files_in)
+            if batch.busiest != PARALLEL:
+                raise SystemExit(f"bench: {label}: {batch.busiest} children at once, not {PARALLEL}")
+            peaks[name].append(result.maxrss)
+    peak = {name: statistics.median(values) for name, values in peaks.items()}
+    read = PARALLEL * reads * size  # the bytes of the files the children's histories hold
+
+    def held(content: str) -> int:
+        """What 4 children hold at their last request: the results in their histories, and
+        the request's JSON text and its UTF-8 bytes, which the SDK makes of them."""
+        body = json.dumps([{"role": "tool", "content": content}] * reads, ensure_ascii=False)
+        return PARALLEL * (reads * sys.getsizeof(content) + sys.getsizeof(body) + len(body.encode()))
+
+    def grown(name: str) -> str:
+        extra = peak[name] - peak["idle"]
+        return (
+            f"{peak[name] / MB:.1f} MB, {extra / MB:+.1f} MB over the idle run: {extra / read:.1f}× the bytes read "
+            f"(the histories' strings and the last requests' JSON text and bytes: {held(files[name]) / MB:.1f} MB)"
+        )
+
+    value = (
+        f"source code: {grown('code')}; the sessions' mixed text (an emoji makes a Python string 4 bytes a "
+        f"character): {grown('mixed')}. The children read {PARALLEL} × {reads} × {size // 1024} KiB = "
+        f"{read / MB:.1f} MB (`read_file` returns at most 32 KiB a call; the idle run, 4 children that read "
+        f"nothing: {peak['idle'] / MB:.1f} MB; medians of {runs}, each within "
+        f"{max(max(v) - min(v) for v in peaks.values()) / MB:.1f} MB of its runs)"
+    )
+    return [("Peak RSS while 4 subagents each read a 30 KiB file 20 times", value, "report", "—")]
 
 
 # ---- the machine, and the table ----
@@ -549,6 +778,9 @@ FIGURES = [
     figure_stream_delay,
     figure_startup,
     figure_compacted,
+    figure_fan_out,
+    figure_fan_out_limit,
+    figure_fan_out_memory,
 ]
 
 

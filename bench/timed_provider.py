@@ -5,6 +5,10 @@
   the agent's).
 - `writes`: (time, bytes) of every write to a response socket, the time
   taken just before the write.
+- `exchanges`: one `Exchange` per request answered, in the order the answers
+  ended: when its body was read, when its answer's last byte was written, and
+  the first user message of its conversation (a subagent's prompt), for the
+  benchmarks of parallel subagents, whose requests overlap.
 
 tests/fake_provider.py is used unchanged: its handler is subclassed here and
 swapped in on the running server.
@@ -13,16 +17,28 @@ swapped in on the running server.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import fake_provider  # noqa: E402  (the path must be set first)
-from fake_provider import FakeProvider, text, tool_call  # noqa: E402
+from fake_provider import FakeProvider, text, tool_call, tool_calls  # noqa: E402
 
-__all__ = ["TimedProvider", "text", "tool_call"]
+__all__ = ["Exchange", "TimedProvider", "text", "tool_call", "tool_calls"]
+
+
+@dataclass
+class Exchange:
+    """One request and its answer, timed by the fake provider (perf_counter())."""
+
+    received: float  # the last byte of its body read
+    answered: float  # the last byte of its answer written (after any Reply.delay)
+    first_user: str | None  # the first user message of its conversation: which agent asked
+    messages: int  # messages in the request
 
 
 class _TimedReader:
@@ -33,7 +49,8 @@ class _TimedReader:
 
     def read(self, *args: Any) -> bytes:
         data = self._raw.read(*args)
-        self._provider.body_received.append(time.perf_counter())
+        self.last = time.perf_counter()
+        self._provider.body_received.append(self.last)
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -59,6 +76,8 @@ class TimedProvider(FakeProvider):
         super().__init__()
         self.body_received: list[float] = []
         self.writes: list[tuple[float, bytes]] = []
+        self.exchanges: list[Exchange] = []
+        self._handling = threading.local()  # the request a handler thread is answering
         provider = self
 
         class Handler(fake_provider._Handler):
@@ -67,5 +86,19 @@ class TimedProvider(FakeProvider):
                 self.rfile = _TimedReader(self.rfile, provider)
                 self.wfile = _TimedWriter(self.wfile, provider)
 
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                provider._handling.body = None
+                super().do_POST()
+                ended = time.perf_counter()
+                body, provider._handling.body = provider._handling.body, None  # not kept: it may be 50 MB
+                if isinstance(body, dict):
+                    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+                    first = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+                    provider.exchanges.append(Exchange(self.rfile.last, ended, first, len(messages)))
+
         Handler.provider = self
         self.server.RequestHandlerClass = Handler  # read per connection, so this takes effect at once
+
+    def _take(self, path: str, headers: dict, body: Any, raw: bytes) -> Any:
+        self._handling.body = body  # for the handler's Exchange
+        return super()._take(path, headers, body, raw)
