@@ -284,9 +284,8 @@ def start_sandbox() -> None:
     atexit.register(shutil.rmtree, temporary, ignore_errors=True)
     devices = [device for device in DEVICES if os.path.exists(device)]
     SANDBOX.update(read=readable, write=[str(WORKDIR), temporary], devices=devices, home=str(home))
-    # Its home is the temporary directory too: git and the like find no settings of yours, and no key.
-    environment = {name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY"}
-    SANDBOX["environment"] = environment | {"HOME": temporary, "TMPDIR": temporary}
+    environment = {name: value for name, value in os.environ.items() if name != "OPENAI_API_KEY"}  # no key
+    SANDBOX["environment"] = environment | {"HOME": temporary, "TMPDIR": temporary}  # none of your settings
     # A mount covers something that exists: a missing control path gets an empty stand-in for the run.
     for name in CONTROL:
         if not os.path.lexists(path := WORKDIR / name.rstrip("/")):
@@ -318,14 +317,14 @@ def shell(command: str) -> list[str]:
         return ["sh", "-c", command]
     guarded = {str(WORKDIR / name.rstrip("/")) for name in CONTROL}
     guarded |= set(glob.glob(glob.escape(str(WORKDIR)) + "/.env*"))  # .env.local and the like
+    guarded |= {os.path.realpath(path) for path in guarded if os.path.islink(path)}  # a link's target too
     if sys.platform == "darwin":
         return ["/usr/bin/sandbox-exec", "-p", profile(SANDBOX, sorted(guarded)), "/bin/sh", "-c", command]
     policy = {key: SANDBOX[key] for key in ("read", "write", "devices")}
     policy["read_only"] = sorted(path for path in guarded if os.path.lexists(path))
-    # The trick: the helper is a fresh Python that runs cage()'s own source, which
-    # inspect.getsource() reads from this file: the cage is a function here, not a
-    # second program. -I keeps the working directory off its import path, where a
-    # json.py would otherwise run before the cage is closed.
+    # The trick: the helper is a fresh Python running cage()'s own source, read from this
+    # file by inspect.getsource(): the cage is a function here, not a second program. -I
+    # keeps the working directory (where a json.py could wait) off its import path.
     source = inspect.getsource(cage) + "\nimport sys\ncage(*sys.argv[1:])\n"
     return [sys.executable, "-I", "-c", source, json.dumps(policy), command]
 
@@ -404,6 +403,7 @@ def cage(policy_json: str, command: str) -> None:
             rule = Beneath(allowed, os.open(path, os.O_PATH))
             check(f"Landlock rule for {path}", syscall(445, ruleset, 1, ctypes.byref(rule), 0))
     check("no_new_privs", libc.prctl(38, 1, 0, 0, 0))  # and no setuid program gains rights
+    check("securebits", libc.prctl(28, 0x3, 0, 0, 0))  # NOROOT, locked: sh gets no capabilities, even as root
     check("Landlock", syscall(446, ruleset, 0))
 
     class Instruction(ctypes.Structure):  # struct sock_filter: one BPF instruction
