@@ -21,10 +21,12 @@ of contents is
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
 import functools
+import glob
 import hashlib
 import io
 import itertools
@@ -93,7 +95,15 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
     return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(os.path.realpath(found))
 
 
-SETTINGS = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "MODEL", "STREAM_TIMEOUT", "CONTEXT_WINDOW", "MAX_ROUNDS")
+SETTINGS = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "MODEL",
+    "STREAM_TIMEOUT",
+    "CONTEXT_WINDOW",
+    "MAX_ROUNDS",
+    "MCP_TIMEOUT",
+)
 DOTENV, DOTENV_PATH = dotenv_settings()
 
 
@@ -127,6 +137,7 @@ def seconds_from(variable: str, default: float) -> float | None:
 # A stream with no data event for this long is given up. The SDK's own read
 # timeout cannot do it: every ": keep-alive" comment resets it.
 STREAM_TIMEOUT = seconds_from("STREAM_TIMEOUT", 120)
+MCP_TIMEOUT = seconds_from("MCP_TIMEOUT", 60)  # an MCP tool's call that takes longer is given up
 
 # What to do about the HTTP errors people actually meet.
 HINTS = {
@@ -429,6 +440,7 @@ GUARDED = [
     (("CLAUDE.md",), "ask", "CLAUDE.md, rules a person keeps: every new session follows them"),
     ((".agents", "skills"), "ask", "into .agents/skills/, which a person keeps: every new session lists them"),
     ((".claude",), "ask", "into .claude/, where Claude Code keeps its settings, hooks and skills"),
+    ((".mcp.json",), "ask", ".mcp.json, which names the programs (MCP servers) the agent starts"),
 ]
 
 
@@ -512,6 +524,205 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 }
 
 
+# ---- the sandbox: what a command can do, enforced by the kernel ----
+# The gate above judges what a command looks like; a cage limits what it can do,
+# whatever it looks like and whoever approved it. With -sandbox every command the
+# agent runs, a subagent's too, goes through one door, shell(), and into the cage.
+# MCP servers are not commands the model runs: a person allowed each, and they run
+# outside it. The file tools run in the agent's own process: gate() holds them to
+# the same policy.
+
+SANDBOX: dict = {}  # the policy while -sandbox is on; empty, commands run as they always did
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys", "/dev")  # readable
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # writable
+# What steers the agent or runs code later, though it lies in the writable working
+# directory: read-only inside the cage (.env and its kin hidden, read as empty). A
+# trailing / marks a directory.
+CONTROL = (".sessions/", ".trash/", ".git/", ".agents/", ".claude/", ".mcp.json", "AGENTS.md", "CLAUDE.md", ".env")
+STAND_INS: set[Path] = set()  # the control paths this run created empty, so that a mount could cover them
+STAND_INS_LOCK = threading.Lock()  # children's commands start in parallel
+
+
+def start_sandbox() -> None:
+    """Turn the cage on for this run, or refuse to start: never a command that only seems caged."""
+    import shutil  # here: only a sandboxed run needs them
+    import tempfile
+
+    home = Path.home().resolve()
+    if sys.platform not in ("linux", "darwin"):
+        raise Failure("-sandbox: there is a sandbox for Linux and macOS only")
+    readable = [root for root in SYSTEM if os.path.isdir(root)] if sys.platform == "linux" else []
+    if WORKDIR == home or WORKDIR in home.parents or any(home.is_relative_to(root) for root in readable):
+        raise Failure(f"-sandbox: {home} would be readable, so the sandbox cannot keep it out; start in a project")
+    private = os.path.realpath(tempfile.mkdtemp(prefix="agent-sandbox-"))  # the shared /tmp is not writable
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    temporary, empty = os.path.join(private, "tmp"), os.path.join(private, "empty")  # only tmp/ is writable
+    os.mkdir(temporary, 0o700)
+    os.close(os.open(empty, os.O_CREAT | os.O_WRONLY, 0o400))  # what a hidden .env reads as
+    devices = [device for device in DEVICES if os.path.exists(device)]
+    SANDBOX.update(read=readable, write=[str(WORKDIR), temporary], devices=devices, home=str(home), empty=empty)
+    # Its home is the temporary directory too: git and the like find no settings of yours.
+    SANDBOX["environment"] = WITHOUT_KEY | {"HOME": temporary, "TMPDIR": temporary}
+    atexit.register(remove_stand_ins)
+    try:  # the cage is tried once now: if it cannot close, say why before anything runs
+        probe = subprocess.run(shell("true"), capture_output=True, timeout=30, env=SANDBOX["environment"])
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise Failure(f"-sandbox: the sandbox does not start: {error}") from None
+    if probe.returncode != 0:
+        why = probe.stderr.decode(errors="replace").strip().splitlines() or ["sandbox: it does not start"]
+        raise Failure(f"-sandbox: {safe(why[-1].removeprefix('sandbox: '), 300)}")
+    print(
+        f"[sandbox on: commands write only in {WORKDIR} (not the agent's own files) and {temporary}, their HOME; "
+        f"they cannot read {home} or reach any network. The kernel enforces it: a yes does not lift it]",
+        file=sys.stderr,
+    )
+
+
+def stand_ins() -> None:
+    """A mount covers something that exists: a missing control path gets an empty stand-in,
+    before every command (another agent here may have removed its own at its exit)."""
+    with STAND_INS_LOCK:
+        for name in CONTROL:
+            path = WORKDIR / name.rstrip("/")
+            with contextlib.suppress(FileExistsError):
+                path.mkdir() if name.endswith("/") else os.close(os.open(path, os.O_CREAT | os.O_EXCL, 0o600))
+                STAND_INS.add(path)
+
+
+def remove_stand_ins() -> None:
+    """At exit, a stand-in still empty goes; one something was written into stays."""
+    for path in STAND_INS:
+        with contextlib.suppress(OSError):
+            path.rmdir() if path.is_dir() else path.stat().st_size or path.unlink()
+
+
+def shell(command: str) -> list[str]:
+    """The single door: the argv of every command the agent runs, caged while -sandbox is on."""
+    if not SANDBOX:
+        return ["sh", "-c", command]
+    guarded = {str(WORKDIR / name.rstrip("/")) for name in CONTROL}
+    guarded |= set(glob.glob(glob.escape(str(WORKDIR)) + "/.env*"))  # .env.local and the like
+    guarded |= {os.path.realpath(path) for path in guarded if os.path.islink(path)}  # a link's target too
+    if sys.platform == "darwin":  # its rules name paths, whether they exist or not
+        return ["/usr/bin/sandbox-exec", "-p", profile(SANDBOX, sorted(guarded)), "/bin/sh", "-c", command]
+    stand_ins()
+    policy = {key: SANDBOX[key] for key in ("read", "write", "devices", "empty")}
+    # A file of settings is hidden (its keys never reach a command's output); the rest read-only.
+    policy["masked"] = sorted(p for p in guarded if Path(p).name.startswith(".env") and os.path.isfile(p))
+    policy["read_only"] = sorted(p for p in guarded if os.path.lexists(p) and p not in policy["masked"])
+    # The trick: the helper is a fresh Python that runs cage()'s own source, which
+    # inspect.getsource() reads from this file: the cage is a function here, not a
+    # second program. -I keeps the working directory off its import path, where a
+    # json.py would otherwise run before the cage is closed.
+    import inspect  # here: only a sandboxed run needs it
+
+    source = inspect.getsource(cage) + "\nimport sys\ncage(*sys.argv[1:])\n"
+    return [sys.executable, "-I", "-c", source, json.dumps(policy), command]
+
+
+def profile(policy: dict, guarded: list[str]) -> str:
+    """The same policy as a macOS sandbox-exec profile. Its later rules win over earlier
+    ones; every path is resolved (the kernel sees /private/tmp, not /tmp), quoted, escaped."""
+
+    def paths(kind: str, items: list[str]) -> str:
+        escaped = (os.path.realpath(item).replace("\\", "\\\\").replace('"', '\\"') for item in items)
+        return " ".join(f'({kind} "{item}")' for item in escaped)
+
+    return "\n".join(
+        [
+            "(version 1)",
+            "(allow default)",  # a profile that denies by default cannot even load the shell's libraries
+            "(deny file-write*)",
+            f"(allow file-write* {paths('subpath', policy['write'])} {paths('literal', policy['devices'])})",
+            f"(deny file-write* {paths('subpath', guarded)})",  # a subpath: the path itself and all below it
+            f"(deny file-read* {paths('subpath', [policy['home']])})",
+            f"(allow file-read* {paths('subpath', policy['write'])})",
+            f"(deny file-read* {paths('subpath', [p for p in guarded if Path(p).name.startswith('.env')])})",
+            "(deny network*)",
+        ]
+    )
+
+
+def cage(policy_json: str, command: str) -> None:
+    """The Linux cage, run by the helper before it becomes sh -c command. Namespaces of
+    its own: users (so that it may make the rest), mounts (the control paths bound
+    read-only over themselves), network (a loopback of its own, down: nothing leaves),
+    processes (it sees, and can signal, only its own). Then Landlock limits the files it
+    may read and write, and seccomp refuses Unix sockets, which reach services outside.
+    The numbers are the kernel's constants, the same on x86-64 and arm64."""
+    import ctypes
+    import json
+    import os
+    import platform
+    import sys
+
+    policy, libc = json.loads(policy_json), ctypes.CDLL(None, use_errno=True)
+
+    def check(what: str, result: int) -> int:
+        if result < 0:
+            sys.exit(f"sandbox: {what} failed: {os.strerror(ctypes.get_errno())}")
+        return result
+
+    def syscall(number: int, *args: object) -> int:
+        return libc.syscall(ctypes.c_long(number), *args)
+
+    uid, gid = os.getuid(), os.getgid()
+    check("unshare (are user namespaces allowed?)", libc.unshare(0x10000000 | 0x20000 | 0x40000000 | 0x20000000))
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(text)  # the same user inside as outside
+    check("mount", libc.mount(None, b"/", None, 0x4000 | 0x40000, None))  # MS_REC | MS_PRIVATE: ours stay ours
+    read_only = (ctypes.c_uint64 * 4)(1, 0, 0, 0)  # struct mount_attr, attr_set = MOUNT_ATTR_RDONLY
+    for path in policy["read_only"]:  # open_tree(CLONE | NOFOLLOW | RECURSIVE): a symbolic link is covered too
+        tree = check(f"binding {path}", syscall(428, -100, os.fsencode(path), 0x1 | 0x100 | 0x8000))
+        check(f"binding {path}", syscall(442, tree, b"", 0x1000 | 0x8000, read_only, 32))  # mount_setattr
+        check(f"binding {path}", syscall(429, tree, b"", -100, os.fsencode(path), 0x4))  # move_mount over itself
+    for path in policy["masked"]:  # an empty file bound read-only over it: read as empty, never written
+        tree = check(f"hiding {path}", syscall(428, -100, os.fsencode(policy["empty"]), 0x1 | 0x8000))
+        check(f"hiding {path}", syscall(442, tree, b"", 0x1000, read_only, 32))
+        check(f"hiding {path}", syscall(429, tree, b"", -100, os.fsencode(path), 0x4))
+    if child := os.fork():  # the helper waits outside; its child is the first process of the new namespace
+        status = os.waitpid(child, 0)[1]
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    check("mounting /proc", libc.mount(b"proc", b"/proc", b"proc", 0x2 | 0x4 | 0x8, None))  # its own processes
+    abi = check("Landlock (Linux 5.13 or later, enabled)", syscall(444, None, 0, 1))
+    handled = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1  # the rights this kernel knows, all denied
+    ruleset = check("Landlock", syscall(444, ctypes.byref(ctypes.c_uint64(handled)), 8, 0))
+
+    class Beneath(ctypes.Structure):  # struct landlock_path_beneath_attr
+        _pack_, _fields_ = 1, [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    on_files = handled & (0x1 | 0x2 | 0x4 | 0x4000 | 0x8000)  # execute, write, read, truncate, ioctl
+    for paths, rights in ((policy["read"], 0x1 | 0x4 | 0x8), (policy["write"], handled), (policy["devices"], on_files)):
+        for path in paths:
+            allowed = rights if os.path.isdir(path) else rights & on_files
+            rule = Beneath(allowed, os.open(path, os.O_PATH))
+            check(f"Landlock rule for {path}", syscall(445, ruleset, 1, ctypes.byref(rule), 0))
+    check("no_new_privs", libc.prctl(38, 1, 0, 0, 0))  # and no setuid program gains rights
+    check("securebits", libc.prctl(28, 0x3, 0, 0, 0))  # NOROOT, locked: sh gets no capabilities, even as root
+    check("Landlock", syscall(446, ruleset, 0))
+
+    class Instruction(ctypes.Structure):  # struct sock_filter: one BPF instruction
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):  # struct sock_fprog
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
+
+    # Syscalls of another architecture's table, io_uring (it opens sockets seccomp does
+    # not see) and socket(AF_UNIX, ...) fail with EPERM; everything else is allowed.
+    known = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}  # its audit number, socket()'s number
+    arch, socket_number = known.get(platform.machine()) or sys.exit(f"sandbox: no filter for {platform.machine()}")
+    program = [
+        (0x20, 0, 0, 4), (0x15, 0, 7, arch),  # load the architecture; another: deny
+        (0x20, 0, 0, 0), (0x35, 5, 0, 0x40000000), (0x15, 4, 0, 425),  # load the number; x32, io_uring_setup: deny
+        (0x15, 0, 2, socket_number), (0x20, 0, 0, 16), (0x15, 1, 0, 1),  # socket(): its family AF_UNIX: deny
+        (0x6, 0, 0, 0x7FFF0000), (0x6, 0, 0, 0x50001),  # allow; deny with EPERM
+    ]  # fmt: skip
+    filters = (Instruction * len(program))(*program)
+    check("seccomp", libc.prctl(22, 2, ctypes.byref(Program(len(program), filters)), 0, 0))
+    os.execv("/bin/sh", ["sh", "-c", command])
+
+
 @contextlib.contextmanager
 def stop_signals_held():
     """Hold Ctrl-C, SIGTERM and SIGHUP until the block ends, then raise KeyboardInterrupt.
@@ -541,13 +752,13 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
         # Popen returns. Raised here, it still reaches the finally below.
         with stop_signals_held():
             process = subprocess.Popen(
-                ["sh", "-c", command],
+                shell(command),  # the single door: caged while -sandbox is on
                 cwd=WORKDIR,
                 stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so a kill reaches everything it starts
-                env=WITHOUT_KEY,  # a command has no business with the API key
+                env=SANDBOX.get("environment", WITHOUT_KEY),  # a command has no business with the API key
             )
         stoppable(stop := functools.partial(os.killpg, process.pid, signal.SIGKILL))
         deadline = time.monotonic() + timeout
@@ -680,6 +891,7 @@ class Tool:
     run: Callable[[dict], str]  # what runs: arguments in, result text out
     changes_files: bool = False  # read-before-write applies
     takes_call: bool = False  # run() gets the call's id too (a subagent's file names the call that started it)
+    external: bool = False  # an MCP server's: its arguments are its own, checked by the server
 
 
 class Registry:
@@ -705,6 +917,8 @@ class Registry:
             return "error: the arguments are not valid JSON; send one JSON object"
         if not isinstance(args, dict):
             return "error: the arguments must be a JSON object"
+        if tool.external:
+            return redact(tool.run(args))
         parameters = tool.definition["function"]["parameters"]
         for key in parameters["required"]:  # a workflow's stages are an array; every other one is a string
             kind = parameters["properties"][key]["type"]
@@ -770,8 +984,13 @@ def fingerprint(path: Path) -> tuple | None:
 def gate(path: Path, given: Path, writes: bool) -> str | None:
     """Where the file tools go without asking, before anything else: inside the working
     directory, not into the agent's own records, not a file of settings. None lets the
-    call go on; else the refusal."""
-    if not inside(path):
+    call go on; else the refusal. With -sandbox, they keep to the cage's policy too:
+    what a command could not read or write, neither can they, whoever says yes."""
+    if SANDBOX and (refusal := caged(path, given, writes)):
+        return refusal
+    if writes and path == Path(os.path.realpath(APPROVALS)):
+        wants = "write the list of MCP servers you allowed, which start without a question"
+    elif not inside(path):
         wants = "write outside the working directory" if writes else "read outside the working directory"
     elif (guard := guarded(path, given)) and guard[0] == "refuse":
         return "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
@@ -780,6 +999,21 @@ def gate(path: Path, given: Path, writes: bool) -> str | None:
     else:
         return None
     return None if approved(str(path), wants) else "error: permission denied — the user did not approve this"
+
+
+def caged(path: Path, given: Path, writes: bool) -> str | None:
+    """Why the sandbox's policy refuses a file tool this path; None if it allows it."""
+    roots = SANDBOX["write"] if writes else SANDBOX["write"] + SANDBOX["read"]
+    if not any(inside(path, Path(root)) for root in roots):
+        where = (
+            " and ".join(SANDBOX["write"]) if writes else f"the system's directories, {' and '.join(SANDBOX['write'])}"
+        )
+        return f"error: -sandbox: this run {'writes' if writes else 'reads'} only in {where}"
+    names = {name.rstrip("/").casefold() for name in CONTROL}
+    parts = [part.casefold() for part in path.relative_to(WORKDIR).parts] if inside(path) else []
+    if writes and (parts[:1] and parts[0] in names or holds_settings(given, path) or guarded(path, given)):
+        return "error: -sandbox: the agent's own files (.git/, .mcp.json, AGENTS.md, skills, .env ...) are read-only"
+    return None
 
 
 def write_gate(path: Path, given: Path) -> str | None:
@@ -1176,6 +1410,7 @@ class Session:
         self.tokens = 0  # the history's tokens, roughly: open_session() counts them
         self.skills: list[str] = []  # the skills its system prompt lists, recorded in its header
         self.links: dict[str, str] = {}  # a subagent's: its parent, the call that started it, its description
+        self.sandboxed = False  # whether it was started with -sandbox, recorded in its header
 
     def save(self) -> None:
         """Append history[saved:]: one write of whole lines, then fsync. The cost
@@ -1184,6 +1419,7 @@ class Session:
         if self.size == 0:  # a new file, or one whose creation was cut short: the header goes in the same write
             created_at = datetime.now().astimezone().isoformat(timespec="seconds")
             header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1, "skills": self.skills}
+            header["sandbox"] = bool(SANDBOX)
             header |= self.links
             data = record_line({**header, "model": MODEL, "base_url": BASE_URL}) + data  # never the key
         self.append(data)
@@ -1299,6 +1535,7 @@ def open_session(wanted: str) -> Session:
     header = parsed(data[: data.find(b"\n") + 1])  # line 1; an older one lists no skills, a hand-edited one anything
     listed = header.get("skills") if isinstance(header, dict) and header.get("type") == "meta" else None
     session.skills = [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
+    session.sandboxed = isinstance(header, dict) and header.get("type") == "meta" and header.get("sandbox") is True
     # Its tokens, roughly, for the budget. Walking a 50 MB history (estimate()) costs a
     # tenth of loading it; its lines' bytes, 4 to a token, say as much. (A CJK character
     # is 3 bytes and about two thirds of a token: close enough.) Not when the file holds
@@ -2486,6 +2723,341 @@ def in_parallel(jobs: list[Callable[[], str]]) -> list[str]:
     return results
 
 
+# ---- MCP: other people's tools, from servers the agent starts ----
+# .mcp.json in the working directory names the servers, in the format Claude Code
+# reads: {"mcpServers": {"name": {"command": ..., "args": [...], "env": {...}}}}.
+# A server is a program: it starts only after a yes, which is remembered for that
+# exact entry in APPROVALS, outside the project. It speaks JSON-RPC 2.0 on its stdin
+# and stdout, one JSON object a line. Its tools join the registry as
+# mcp__<server>__<tool>, before sub_agent, so children have them too. Every server
+# this run starts is in SERVERS, and main() stops them all on every way out.
+
+MCP_CONFIG = WORKDIR / ".mcp.json"
+MCP_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")  # the protocol's versions, newest first
+HANDSHAKE_TIMEOUT = 30  # seconds for a server to start and list its tools, all pages
+MCP_LINE_CAP = 16 * 1024 * 1024  # bytes: a longer line is no message, and the server is given up on
+MAX_TOOLS = 128  # tools in one request: OpenAI's limit; a request with more is refused outright
+DESCRIPTION_CAP = 2048  # characters of a server's tool description: every request carries it
+SCHEMA_CAP = 32 * 1024  # bytes of one tool's schema, for the same reason
+PASSED_ON = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "TZ", "USER")  # a server's environment
+CONFIG_HOME = os.environ.get("XDG_CONFIG_HOME", "")
+APPROVALS = (Path(CONFIG_HOME) if os.path.isabs(CONFIG_HOME) else Path.home() / ".config") / "agent-py" / "mcp-allowed"
+SERVERS: list[MCPServer] = []
+
+
+class MCPError(Exception):
+    """A server that failed, broke the protocol, or did not answer in time."""
+
+
+class MCPServer:
+    """One server: its process, in a session of its own (a Ctrl-C for the agent is not
+    for it), and its stdout read a line at a time, with a deadline. One request at a
+    time: children in parallel take turns, each bounded by its timeout."""
+
+    def __init__(self, name: str, command: list[str], env: dict[str, str]) -> None:
+        self.name, self.buffer, self.last_id, self.lock = name, bytearray(), 0, threading.Lock()
+        self.garbled = False  # whether it sent a line that is no message: said once
+        minimal = {key: os.environ[key] for key in PASSED_ON if key in os.environ}
+        with stop_signals_held():  # a signal inside Popen would lose its pid, and it would outlive us
+            self.process = subprocess.Popen(
+                command, cwd=WORKDIR, env=minimal | env, start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            SERVERS.append(self)
+        os.set_blocking(self.process.stdin.fileno(), False)  # send() waits for room itself, with a deadline
+        threading.Thread(target=self.relay_stderr, daemon=True).start()
+
+    def relay_stderr(self) -> None:
+        """Its log, on our stderr: each line whole, escaped, cut at 500 characters, saying whose."""
+        pending = b""
+        while chunk := os.read(self.process.stderr.fileno(), 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            pending = pending[-4096:]  # a line without end is kept bounded
+            for line in lines:
+                say(f"[mcp {safe(self.name, 40)}] {safe(line.decode(errors='replace').rstrip(), 500)}")
+
+    def request(self, method: str, params: dict, timeout: float) -> dict:
+        """The result of one request; an MCPError if it fails or takes longer than timeout."""
+        with self.lock:
+            self.last_id += 1
+            deadline = time.monotonic() + timeout
+            self.send({"jsonrpc": "2.0", "id": self.last_id, "method": method, "params": params}, deadline)
+            while True:
+                try:
+                    message = self.receive(deadline)
+                except MCPError as error:
+                    if "in time" in str(error):  # it may still be working: tell it to stop
+                        cancel = {"requestId": self.last_id, "reason": "timed out"}
+                        with contextlib.suppress(MCPError):
+                            self.send(
+                                {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel},
+                                time.monotonic() + 1,
+                            )
+                    raise
+                if "method" in message:  # the server's own request (answered: ping, or "no such method") or notice
+                    if "id" in message:
+                        unknown = {"code": -32601, "message": f"method not found: {safe(str(message['method']), 100)}"}
+                        answer = {"result": {}} if message["method"] == "ping" else {"error": unknown}
+                        self.send({"jsonrpc": "2.0", "id": message["id"], **answer}, deadline)
+                elif message.get("id") == self.last_id:
+                    if isinstance(error := message.get("error"), dict):
+                        raise MCPError(
+                            f"MCP error {safe(str(error.get('code')), 20)}: {safe(str(error.get('message')), 500)}"
+                        )
+                    return message["result"] if isinstance(message.get("result"), dict) else {}
+                elif message.get("id") == str(self.last_id):
+                    raise MCPError(f"it answered id {self.last_id} as a string, which the protocol does not allow")
+
+    def notify(self, method: str) -> None:
+        with self.lock:
+            self.send({"jsonrpc": "2.0", "method": method}, time.monotonic() + HANDSHAKE_TIMEOUT)
+
+    def send(self, message: dict, deadline: float) -> None:
+        """Write a message as the server reads it: one that stops reading cannot hold us
+        past the deadline (its stdin does not block: a full pipe is waited on with select)."""
+        data = memoryview(json.dumps(message).encode() + b"\n")
+        while data:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self.process.stdin], [], left)[1]:
+                stop_servers([self])  # part of a message is in its pipe: nothing after it would be read right
+                raise MCPError("it did not read what it was sent in time; it was stopped")
+            try:
+                data = data[os.write(self.process.stdin.fileno(), data) :]
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):  # its stdin closed (ValueError: by stop_servers()): it has ended
+                raise MCPError("the server has ended") from None
+
+    def receive(self, deadline: float) -> dict:
+        """The next message: a line that is a JSON object; other lines are skipped, with one
+        warning. A stop signal during a fan-out ends the wait (WAKE), as it ends a question's."""
+        while True:
+            while (end := self.buffer.find(b"\n")) < 0:
+                if len(self.buffer) > MCP_LINE_CAP:
+                    stop_servers([self])
+                    raise MCPError(f"it sent a line of more than {MCP_LINE_CAP:,} bytes; it was stopped")
+                left = deadline - time.monotonic()
+                ready = select.select([self.process.stdout, WAKE[0]], [], [], max(0.0, left))[0] if left > 0 else []
+                if STOPPING.is_set():
+                    raise MCPError("interrupted: the run is stopping")
+                if not ready:
+                    raise MCPError("the server did not answer in time")
+                if not (chunk := os.read(self.process.stdout.fileno(), 65536)):
+                    raise MCPError("the server has ended")
+                self.buffer += chunk
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+                message = None
+            if isinstance(message, dict):
+                return message
+            if not self.garbled:
+                say(
+                    f"warning: MCP server {safe(self.name, 40)} sent a line that is no JSON object; such lines are skipped"
+                )
+            self.garbled = True
+
+
+def stop_servers(servers: list[MCPServer]) -> None:
+    """Stop them and all they started: their input closed and SIGTERM to each group, up to 2 s
+    for them all to end, then SIGKILL to each group. A server is reaped only after that: till
+    then its number cannot be another process's, so the kill reaches its group. Stop signals
+    meanwhile are held."""
+    with stop_signals_held():
+        servers = [server for server in servers if server.process.returncode is None]  # not stopped already
+        for server in servers:
+            with contextlib.suppress(OSError, ValueError):
+                server.process.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        for server in servers:
+            while time.monotonic() < deadline and not ended(server.process.pid):
+                time.sleep(0.02)  # a poll: a process's end without reaping it has no portable event
+            with contextlib.suppress(ProcessLookupError):  # what it started, in its group, ends too
+                os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+            with contextlib.suppress(ValueError):
+                SERVERS.remove(server)
+
+
+def ended(pid: int) -> bool:
+    """Whether our child pid has ended, without reaping it (WNOWAIT)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
+def start_servers(tools: Registry, timeout: float) -> None:
+    """Start the servers of .mcp.json that a person allows, or allowed before, and register their tools."""
+    try:
+        raw = read_regular(MCP_CONFIG, cap := 1024 * 1024)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        return say(f"warning: .mcp.json cannot be read ({error.strerror or error}); no MCP server is started")
+    if not raw.strip():  # empty: none, or the sandbox's stand-in
+        return
+    try:
+        entries = json.loads(raw)["mcpServers"] if len(raw) <= cap else None
+        if not isinstance(entries, dict):
+            raise TypeError
+    except (ValueError, RecursionError, KeyError, TypeError):
+        return say(
+            'warning: .mcp.json is not {"mcpServers": {"name": {...}}} (at most 1 MiB); no MCP server is started'
+        )
+    allowed = allowed_before()
+    for name, entry in sorted(entries.items()):
+        shown = safe(repr(name), 60)
+        command = [entry.get("command"), *entry.get("args", [])] if isinstance(entry, dict) else [None]
+        env = entry.get("env", {}) if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and ("url" in entry or entry.get("type") in ("http", "sse", "streamable-http")):
+            say(f"warning: MCP server {shown} is not started: only servers over stdio are supported")
+        elif not (
+            command[0] and all(isinstance(part, str) and "\0" not in part for part in command)
+            and isinstance(env, dict) and all(isinstance(v, str) and "\0" not in v for v in env.values())
+        ):  # fmt: skip
+            say(f"warning: MCP server {shown} is not started: command, args and env must be strings")
+        elif (remembered := (key := approval_key(name, entry)) in allowed) or ask_to_start(name, command, env, key):
+            if remembered:
+                say(
+                    f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {safe(shlex.join(command), 200)}]"
+                )
+            env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
+            connect(name, command, env, tools, timeout)
+
+
+def approval_key(name: str, entry: dict) -> str:
+    """What a yes is remembered by: this project, this server's name, its whole entry. A changed entry asks again."""
+    what = json.dumps([str(WORKDIR), name, entry], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(what.encode(errors="surrogatepass")).hexdigest()
+
+
+def allowed_before() -> set[str]:
+    """The keys of the servers a person allowed in earlier runs: a line each, the key first."""
+    try:
+        text = read_regular(APPROVALS, 1024 * 1024).decode(errors="replace")
+    except OSError:  # none yet, or unreadable: every server asks
+        return set()
+    return {line[:64] for line in text.splitlines() if re.fullmatch(r"[0-9a-f]{64}", line[:64])}
+
+
+def ask_to_start(name: str, command: list[str], env: dict[str, str], key: str) -> bool:
+    """The question before a server first starts, showing its command line as it will run;
+    a yes is remembered (a file that cannot be written only costs the question next time)."""
+    shown = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *command] if env else command)
+    where = " (outside the sandbox)" if SANDBOX else ""
+    if not approved(shown, f"start the MCP server {name!r}{where}", who=".mcp.json"):
+        return False
+    try:
+        APPROVALS.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(APPROVALS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(fd, "ab") as file:
+            file.write(f"{key}\t{WORKDIR}\t{name}\n".encode(errors="replace"))
+        say(
+            f"[MCP server {safe(repr(name), 60)} allowed from now on; to be asked again, delete its line in {APPROVALS}]"
+        )
+    except OSError as error:
+        say(f"warning: cannot remember the yes in {APPROVALS}: {error.strerror or error}; it will ask again")
+    return True
+
+
+def connect(name: str, command: list[str], env: dict[str, str], tools: Registry, timeout: float) -> None:
+    """Start one server, shake hands, list its tools (every page, within HANDSHAKE_TIMEOUT
+    in all) and register them; a server that fails is stopped and skipped with a warning."""
+    shown = safe(repr(name), 60)
+    try:
+        server = MCPServer(name, command, env)
+    except OSError as error:
+        return say(f"warning: MCP server {shown} failed to start: {safe(error.strerror or str(error), 200)}")
+    deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+    try:
+        hello = {
+            "protocolVersion": MCP_VERSIONS[0],
+            "capabilities": {},
+            "clientInfo": {"name": "agent.py", "version": "1"},
+        }
+        answer = server.request("initialize", hello, HANDSHAKE_TIMEOUT)
+        if (version := answer.get("protocolVersion")) not in MCP_VERSIONS:
+            raise MCPError(
+                f"it speaks protocol {safe(repr(version), 40)}; this client speaks {', '.join(MCP_VERSIONS)}"
+            )
+        server.notify("notifications/initialized")
+        listed, cursor = [], None
+        while True:  # the list may come in pages
+            page = server.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
+            listed += [
+                tool for tool in page.get("tools") or [] if isinstance(tool, dict) and isinstance(tool.get("name"), str)
+            ]
+            if not (cursor := page.get("nextCursor")):
+                break
+    except MCPError as error:
+        say(f"warning: MCP server {shown} failed its handshake: {error}")
+        return stop_servers([server])
+    room = MAX_TOOLS - len(tools.tools) - 3  # the skill tool, sub_agent and workflow come later
+    if len(listed) > room:
+        say(f"warning: MCP server {shown} lists {len(listed)} tools; only the first {max(room, 0)} fit in a request")
+        listed = listed[: max(room, 0)]
+    before = len(tools.tools)
+    for tool in listed:
+        register_mcp_tool(tools, server, tool, timeout)
+    declarations = estimate(tools.definitions()[before:])  # every request carries them
+    say(f"[MCP server {shown}: protocol {version}, {len(listed)} tools, ~{declarations:,} tokens in every request]")
+
+
+def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: float) -> None:
+    """A server's tool in the registry, named mcp__<server>__<tool> as providers allow
+    (letters, digits, _ and -, at most 64 characters; made unique if two are alike)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
+    for number in itertools.count(2):
+        if name not in tools.tools:
+            break
+        name = name[: 64 - len(suffix := f"_{number}")] + suffix
+    schema = tool.get("inputSchema")
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object" or len(json.dumps(schema)) > SCHEMA_CAP:
+        say(f"warning: MCP tool {name} has no usable schema (a JSON object of at most 32 KiB); it is offered with none")
+        schema = {"type": "object", "properties": {}}
+    description = safe(str(tool.get("description") or ""), DESCRIPTION_CAP)
+    definition = {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"[from MCP server {server.name}] {description}",
+            "parameters": schema,
+        },
+    }
+    read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
+    run = functools.partial(call_mcp, server, tool["name"], read_only, timeout)
+    tools.tools[name] = Tool(definition, run, external=True)
+
+
+def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args: dict) -> str:
+    """Call a server's tool. A server you allowed is trusted code; the model is not: a tool
+    the server does not mark read-only asks first, showing its arguments."""
+    if not read_only and not approved(
+        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call the MCP server {server.name!r}'s tool"
+    ):
+        return "error: permission denied — the user did not approve this call"
+    try:
+        result = server.request("tools/call", {"name": tool, "arguments": args}, timeout)
+    except MCPError as error:
+        return f"error: MCP server {server.name}: {error}"
+    parts = [
+        str(p.get("text", "")) if p.get("type") == "text" else f"[{safe(str(p.get('type')), 40)} content]"
+        for p in (result.get("content") if isinstance(result.get("content"), list) else [])
+        if isinstance(p, dict)
+    ]
+    if not parts and "structuredContent" in result:  # a result only in structured form: its JSON
+        parts = [json.dumps(result["structuredContent"], ensure_ascii=False)]
+    text = "\n".join(parts) or "(no content)"
+    if len(text) > OUTPUT_CAP:
+        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} characters ...]"
+    return f"error: {text}" if result.get("isError") is True else text
+
+
 # ---- the agent loop: ask, run the tools it asks for, ask again ----
 
 
@@ -2495,13 +3067,17 @@ usage: python agent.py "task"                 start a new session
        python agent.py -c last "follow-up"    continue the most recently active session
        python agent.py -list                  list the sessions in .sessions/
        python agent.py -restore FILE          restore FILE's newest backup from .trash/
-       python agent.py -h                     this help"""
+       python agent.py -h                     this help
+  -sandbox, anywhere among the arguments: every command runs in a cage the kernel
+  enforces (writes only here and in a private temporary directory, no home, no network)"""
 
 
 def main(args: list[str]) -> int:
     """Run one command line and return the exit status. Every way out passes
     through here: success, a Failure from anywhere, or an interruption."""
     hint = ""  # once a session exists, every way out says how to continue it
+    sandboxed = any(arg in ("-sandbox", "--sandbox") for arg in args)  # anywhere: what is left is one form below
+    args = [arg for arg in args if arg not in ("-sandbox", "--sandbox")]
     try:
         if args[:1] in (["-h"], ["--help"]):
             print(USAGE)
@@ -2517,7 +3093,7 @@ def main(args: list[str]) -> int:
             resume_id, args = args[1], args[2:]
         if len(args) != 1 or not args[0].strip() or args[0].startswith("-"):
             raise Failure(
-                'usage: python agent.py "task" | -c ID "follow-up" | -c last "follow-up" | -list | -restore FILE | -h'
+                'usage: python agent.py [-sandbox] "task" | [-sandbox] -c ID|last "follow-up" | -list | -restore FILE | -h'
             )
         if not API_KEY or not MODEL:
             print(SETUP_GUIDE, file=sys.stderr)
@@ -2528,12 +3104,20 @@ def main(args: list[str]) -> int:
             )
         if not MAX_ROUNDS:
             raise Failure(f"MAX_ROUNDS must be a whole number of rounds, at least 1, not {setting('MAX_ROUNDS')!r}")
+        if MCP_TIMEOUT is None:
+            raise Failure(f"MCP_TIMEOUT must be a number of seconds from 1 to 1000000, not {setting('MCP_TIMEOUT')!r}")
         window = context_window()
+        if sandboxed:  # before the session (its header says whether it ran caged) and before any server
+            start_sandbox()
         import openai  # here, not at the top: -list, -restore and -h never pay for importing the SDK
 
         client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, max_retries=0)  # send() retries, and says so
-        if resume_id is not None:
-            session = open_session(resume_id)
+        resumed = open_session(resume_id) if resume_id is not None else None  # a wrong ID starts no server
+        start_servers(registry, MCP_TIMEOUT)  # their tools before sub_agent's, and before the estimate that counts them
+        if resumed:
+            session = resumed
+            if session.sandboxed and not SANDBOX:
+                print(f"warning: session {session.id} ran with -sandbox; this run is not caged", file=sys.stderr)
             found = find_skills(only=session.skills)  # read from disk at every start, but only those it lists
             if gone := [name for name in session.skills if name not in found]:
                 print(
@@ -2566,6 +3150,8 @@ def main(args: list[str]) -> int:
         done = ": the rounds completed so far are saved" if hint else ""
         print(f"\ninterrupted{done}{hint}", file=sys.stderr)
         return 130
+    finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal
+        stop_servers(SERVERS[:])
 
 
 def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI) -> None:
