@@ -1623,6 +1623,7 @@ class MCPServer:
             command, cwd=WORKDIR, env=minimal | env, start_new_session=True,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
+        SERVERS.append(self)  # from now on, every way out stops it
         threading.Thread(target=self.relay_stderr, daemon=True).start()
 
     def relay_stderr(self) -> None:
@@ -1633,8 +1634,8 @@ class MCPServer:
         """The result of one request; an MCPError if it fails or takes longer than timeout."""
         with self.lock:
             self.last_id += 1
-            self.send({"jsonrpc": "2.0", "id": self.last_id, "method": method, "params": params})
             deadline = time.monotonic() + timeout
+            self.send({"jsonrpc": "2.0", "id": self.last_id, "method": method, "params": params}, deadline)
             while True:
                 message = self.receive(deadline)
                 if "method" in message:  # the server's own request (answered: ping or "no such method") or notice
@@ -1645,7 +1646,8 @@ class MCPServer:
                                 "jsonrpc": "2.0",
                                 "id": message["id"],
                                 **({"result": {}} if message["method"] == "ping" else {"error": unknown}),
-                            }
+                            },
+                            deadline,
                         )
                 elif message.get("id") == self.last_id:
                     if isinstance(message.get("error"), dict):
@@ -1658,43 +1660,50 @@ class MCPServer:
 
     def notify(self, method: str) -> None:
         with self.lock:
-            self.send({"jsonrpc": "2.0", "method": method})
+            self.send({"jsonrpc": "2.0", "method": method}, time.monotonic() + HANDSHAKE_TIMEOUT)
 
-    def send(self, message: dict) -> None:
-        try:
-            self.process.stdin.write(json.dumps(message).encode() + b"\n")
-            self.process.stdin.flush()
-        except OSError:  # its stdin closed: it has ended
-            raise MCPError("the server has ended") from None
+    def send(self, message: dict, deadline: float) -> None:
+        """Write a message as the server reads it: one that stops reading cannot hold us past the deadline."""
+        data = json.dumps(message).encode() + b"\n"
+        while data:
+            if not select.select([], [self.process.stdin], [], max(0, deadline - time.monotonic()))[1]:
+                self.stop()  # part of a message is in its pipe: nothing after it would be read right
+                raise MCPError("the server did not read what it was sent in time; it was stopped")
+            try:  # select says a write of PIPE_BUF bytes does not block
+                data = data[os.write(self.process.stdin.fileno(), data[: select.PIPE_BUF]) :]
+            except OSError:  # its stdin closed: it has ended
+                raise MCPError("the server has ended") from None
 
     def receive(self, deadline: float) -> dict:
         """The next message from the server: a line that is a JSON object; any other line is skipped with a warning."""
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > MCP_LINE_CAP:
-                self.stop()
-                raise MCPError(f"the server sent a line of more than {MCP_LINE_CAP:,} bytes; it was stopped")
-            if (
-                deadline <= time.monotonic()
-                or not select.select([self.process.stdout], [], [], deadline - time.monotonic())[0]
-            ):
-                raise MCPError("the server did not answer in time")
-            if not (chunk := os.read(self.process.stdout.fileno(), 65536)):
-                raise MCPError("the server has ended")
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        try:
-            message = json.loads(line)
-        except ValueError:
-            message = None
-        if not isinstance(message, dict):
+        while True:
+            while b"\n" not in self.buffer:
+                if len(self.buffer) > MCP_LINE_CAP:
+                    self.stop()
+                    raise MCPError(f"the server sent a line of more than {MCP_LINE_CAP:,} bytes; it was stopped")
+                if (
+                    deadline <= time.monotonic()
+                    or not select.select([self.process.stdout], [], [], deadline - time.monotonic())[0]
+                ):
+                    raise MCPError("the server did not answer in time")
+                if not (chunk := os.read(self.process.stdout.fileno(), 65536)):
+                    raise MCPError("the server has ended")
+                self.buffer += chunk
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+                message = None
+            if isinstance(message, dict):
+                return message
             print(
                 f"warning: MCP server {self.name} sent a line that is no JSON object; it was skipped", file=sys.stderr
             )
-            return self.receive(deadline)
-        return message
 
     def stop(self) -> None:
         """Stop it and all it started: SIGTERM, then SIGKILL if it has not ended within 2 s."""
+        if self.process.returncode is not None:  # stopped already: its group's number may be another's now
+            return
         for number in (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, number)
@@ -1703,10 +1712,13 @@ class MCPServer:
                 return
 
 
-def start_servers(tools: Registry, timeout: float) -> list[MCPServer]:
+SERVERS: list[MCPServer] = []  # every server started, stopped or not
+
+
+def start_servers(tools: Registry, timeout: float) -> None:
     """Start the servers of .mcp.json that a person allows, and register their tools."""
     if not MCP_CONFIG.exists() or not MCP_CONFIG.stat().st_size:  # empty: the sandbox's stand-in
-        return []
+        return
     try:
         config = json.loads(MCP_CONFIG.read_bytes())
         entries = config["mcpServers"]
@@ -1714,10 +1726,10 @@ def start_servers(tools: Registry, timeout: float) -> list[MCPServer]:
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError):
         print('warning: .mcp.json is not {"mcpServers": {"name": {...}}}; no MCP server is started', file=sys.stderr)
-        return []
-    servers = []
+        return
     for name, entry in sorted(entries.items()):
-        command = [entry.get("command"), *entry.get("args", [])] if isinstance(entry, dict) else [None]
+        args = entry.get("args", []) if isinstance(entry, dict) else None
+        command = [entry.get("command"), *args] if isinstance(args, list) else [None]
         env = entry.get("env", {}) if isinstance(entry, dict) else None
         if isinstance(entry, dict) and ("url" in entry or entry.get("type") in ("http", "sse")):
             print(
@@ -1733,9 +1745,7 @@ def start_servers(tools: Registry, timeout: float) -> list[MCPServer]:
             )
         elif approved(shlex.join(command), f"start the MCP server {name!r}", who=".mcp.json"):
             env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
-            if server := connect(name, command, env, tools, timeout):
-                servers.append(server)
-    return servers
+            connect(name, command, env, tools, timeout)
 
 
 def connect(name: str, command: list[str], env: dict[str, str], tools: Registry, timeout: float) -> MCPServer | None:
@@ -1751,7 +1761,8 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
             "capabilities": {},
             "clientInfo": {"name": "agent.py", "version": "22"},
         }
-        answer = server.request("initialize", hello, HANDSHAKE_TIMEOUT)
+        ends = time.monotonic() + HANDSHAKE_TIMEOUT  # for all of it: a list of pages without end ends too
+        answer = server.request("initialize", hello, ends - time.monotonic())
         if answer.get("protocolVersion") not in MCP_VERSIONS:
             raise MCPError(
                 f"it speaks protocol {answer.get('protocolVersion')!r}; this client speaks {', '.join(MCP_VERSIONS)}"
@@ -1759,10 +1770,9 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
         server.notify("notifications/initialized")
         listed, cursor = [], None
         while True:  # the list may come in pages
-            page = server.request("tools/list", {"cursor": cursor} if cursor else {}, HANDSHAKE_TIMEOUT)
-            listed += [
-                tool for tool in page.get("tools") or [] if isinstance(tool, dict) and isinstance(tool.get("name"), str)
-            ]
+            page = server.request("tools/list", {"cursor": cursor} if cursor else {}, ends - time.monotonic())
+            tools_listed = page.get("tools") if isinstance(page.get("tools"), list) else []
+            listed += [tool for tool in tools_listed if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
             if not (cursor := page.get("nextCursor")):
                 break
     except MCPError as error:
@@ -1783,9 +1793,11 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
 def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: float) -> None:
     """A server's tool in the registry, named mcp__<server>__<tool> as providers allow
     (letters, digits, _ and -, at most 64 characters; made unique if two are alike)."""
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
-    while name in tools.tools:
-        name = name[:60] + f"_{len(tools.tools) % 1000:03d}"
+    name = cut = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
+    for number in itertools.count(2):  # taken: a number at its end, the first that makes it new
+        if name not in tools.tools:
+            break
+        name = f"{cut[: 63 - len(str(number))]}_{number}"
     schema = tool.get("inputSchema")
     if not isinstance(schema, dict):
         print(
@@ -1813,7 +1825,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
         return f"error: MCP server {server.name}: {error}"
     parts = [
         p.get("text", "") if p.get("type") == "text" else f"[{p.get('type')} content]"
-        for p in result.get("content") or []
+        for p in (result.get("content") if isinstance(result.get("content"), list) else [])
         if isinstance(p, dict)
     ]
     text = "\n".join(map(str, parts)) or "(no content)"
@@ -1873,11 +1885,11 @@ def main() -> None:
     hint = f"[session {session.id} — continue with: -c {session.id}]"
 
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
-    servers = start_servers(registry, int(timeout))
     try:
+        start_servers(registry, int(timeout))
         run(client, session, window, hint)
-    finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal
-        for server in servers:
+    finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal; during a start too
+        for server in SERVERS:
             server.stop()
 
 
