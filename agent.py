@@ -2749,6 +2749,10 @@ class MCPError(Exception):
     """A server that failed, broke the protocol, or did not answer in time."""
 
 
+class MCPTimeout(MCPError):
+    """A server that did not answer in time: it may still be working on the request."""
+
+
 class MCPServer:
     """One server: its process, in a session of its own (a Ctrl-C for the agent is not
     for it), and its stdout read a line at a time, with a deadline. One request at a
@@ -2778,28 +2782,27 @@ class MCPServer:
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """The result of one request; an MCPError if it fails or takes longer than timeout."""
-        with self.lock:
+        deadline = time.monotonic() + timeout
+        if not self.lock.acquire(timeout=max(0.0, timeout)):  # another call of it, a child's, within the same bound
+            raise MCPError("the server did not answer in time: another call of it was still running")
+        try:
             self.last_id += 1
-            deadline = time.monotonic() + timeout
             self.send({"jsonrpc": "2.0", "id": self.last_id, "method": method, "params": params}, deadline)
             while True:
                 try:
                     message = self.receive(deadline)
-                except MCPError as error:
-                    if "in time" in str(error):  # it may still be working: tell it to stop
-                        cancel = {"requestId": self.last_id, "reason": "timed out"}
-                        with contextlib.suppress(MCPError):
-                            self.send(
-                                {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel},
-                                time.monotonic() + 1,
-                            )
+                except MCPTimeout:  # it may still be working: tell it to stop
+                    cancel = {"requestId": self.last_id, "reason": "timed out"}
+                    with contextlib.suppress(MCPError):
+                        notice = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel}
+                        self.send(notice, time.monotonic() + 1)
                     raise
                 if "method" in message:  # the server's own request (answered: ping, or "no such method") or notice
                     if "id" in message:
                         unknown = {"code": -32601, "message": f"method not found: {safe(str(message['method']), 100)}"}
                         answer = {"result": {}} if message["method"] == "ping" else {"error": unknown}
                         self.send({"jsonrpc": "2.0", "id": message["id"], **answer}, deadline)
-                elif message.get("id") == self.last_id:
+                elif type(message.get("id")) is int and message["id"] == self.last_id:  # not True, which == 1
                     if isinstance(error := message.get("error"), dict):
                         raise MCPError(
                             f"MCP error {safe(str(error.get('code')), 20)}: {safe(str(error.get('message')), 500)}"
@@ -2807,6 +2810,8 @@ class MCPServer:
                     return message["result"] if isinstance(message.get("result"), dict) else {}
                 elif message.get("id") == str(self.last_id):
                     raise MCPError(f"it answered id {self.last_id} as a string, which the protocol does not allow")
+        finally:
+            self.lock.release()
 
     def notify(self, method: str) -> None:
         with self.lock:
@@ -2841,7 +2846,7 @@ class MCPServer:
                 if STOPPING.is_set():
                     raise MCPError("interrupted: the run is stopping")
                 if not ready:
-                    raise MCPError("the server did not answer in time")
+                    raise MCPTimeout("the server did not answer in time")
                 if not (chunk := os.read(self.process.stdout.fileno(), 65536)):
                     raise MCPError("the server has ended")
                 self.buffer += chunk
@@ -2912,7 +2917,8 @@ def start_servers(tools: Registry, timeout: float) -> None:
     allowed = allowed_before()
     for name, entry in sorted(entries.items()):
         shown = safe(repr(name), 60)
-        command = [entry.get("command"), *entry.get("args", [])] if isinstance(entry, dict) else [None]
+        args = entry.get("args", []) if isinstance(entry, dict) else None
+        command = [entry.get("command"), *args] if isinstance(args, list) else [None]  # a string is no list of args
         env = entry.get("env", {}) if isinstance(entry, dict) else None
         if isinstance(entry, dict) and ("url" in entry or entry.get("type") in ("http", "sse", "streamable-http")):
             say(f"warning: MCP server {shown} is not started: only servers over stdio are supported")
@@ -2950,7 +2956,8 @@ def ask_to_start(name: str, command: list[str], env: dict[str, str], key: str) -
     a yes is remembered (a file that cannot be written only costs the question next time)."""
     shown = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *command] if env else command)
     where = " (outside the sandbox)" if SANDBOX else ""
-    if not approved(shown, f"start the MCP server {name!r}{where}", who=".mcp.json"):
+    if not approved(shown, f"start the MCP server {name!r}{where}", who=".mcp.json wants"):
+        say(f"[MCP server {safe(repr(name), 60)} not started: not allowed (a yes at a terminal starts it from now on)]")
         return False
     try:
         APPROVALS.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -2989,9 +2996,8 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
         listed, cursor = [], None
         while True:  # the list may come in pages
             page = server.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
-            listed += [
-                tool for tool in page.get("tools") or [] if isinstance(tool, dict) and isinstance(tool.get("name"), str)
-            ]
+            page_tools = page.get("tools") if isinstance(page.get("tools"), list) else []
+            listed += [tool for tool in page_tools if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
             if not (cursor := page.get("nextCursor")):
                 break
     except MCPError as error:
@@ -3038,7 +3044,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     """Call a server's tool. A server you allowed is trusted code; the model is not: a tool
     the server does not mark read-only asks first, showing its arguments."""
     if not read_only and not approved(
-        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call the MCP server {server.name!r}'s tool"
+        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call a tool of the MCP server {server.name!r}"
     ):
         return "error: permission denied — the user did not approve this call"
     try:

@@ -20,7 +20,17 @@ CHAPTERS = range(1, 22)
 PROGRAMS = [*CHAPTERS, "final"]
 REPLS = {3, 4}  # chapters 3 and 4 read their questions from stdin
 # The most non-blank lines a chapter may add to the one before it: a learner types them in a sitting.
-MAX_ADDED_LINES = {14: 60, 15: 90, 16: 215, 17: 45, 18: 80, 20: 130, 21: 180, 22: 260, 23: 170}  # every other chapter: 160
+MAX_ADDED_LINES = {
+    14: 60,
+    15: 90,
+    16: 215,
+    17: 45,
+    18: 80,
+    20: 130,
+    21: 180,
+    22: 260,
+    23: 170,
+}  # every other chapter: 160
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
