@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dotenv import dotenv_values, find_dotenv
+from dotenv import dotenv_values
 
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
     import openai  # imported where a model is called: it is most of the start-up time
@@ -79,8 +79,10 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
     own names are taken and none is exported, so no command inherits them (the
     chapters' load_dotenv() exports all). A .env that is not yours, or that anyone
     can write (a /tmp/.env from another user), could choose the server your key is
-    sent to: it is ignored, with a warning."""
-    found = find_dotenv(usecwd=True)
+    sent to: it is ignored, with a warning. An empty .env is passed over for the one above
+    it: under -sandbox an empty stand-in stands where there was none."""
+    here = Path.cwd()
+    found = next((str(d / ".env") for d in (here, *here.parents) if nonempty_file(d / ".env")), "")
     if not found:
         return {}, None
     try:
@@ -93,6 +95,13 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
     # Its path with links resolved: the gate compares resolved paths, and a .env that is a
     # link to config/dev.env must protect config/dev.env by that name too.
     return {name: value for name, value in values.items() if name in SETTINGS and value}, Path(os.path.realpath(found))
+
+
+def nonempty_file(path: Path) -> bool:
+    try:
+        return path.is_file() and path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 SETTINGS = (
@@ -533,8 +542,8 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 # the same policy.
 
 SANDBOX: dict = {}  # the policy while -sandbox is on; empty, commands run as they always did
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys", "/dev")  # readable
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # writable
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys")  # readable
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # the only devices: read, write
 # What steers the agent or runs code later, though it lies in the writable working
 # directory: read-only inside the cage (.env and its kin hidden, read as empty). A
 # trailing / marks a directory.
@@ -585,7 +594,7 @@ def stand_ins() -> None:
         for name in CONTROL:
             path = WORKDIR / name.rstrip("/")
             with contextlib.suppress(FileExistsError):
-                path.mkdir() if name.endswith("/") else os.close(os.open(path, os.O_CREAT | os.O_EXCL, 0o600))
+                path.mkdir(mode=0o700) if name.endswith("/") else os.close(os.open(path, os.O_CREAT | os.O_EXCL, 0o600))
                 STAND_INS.add(path)
 
 
@@ -600,15 +609,17 @@ def shell(command: str) -> list[str]:
     """The single door: the argv of every command the agent runs, caged while -sandbox is on."""
     if not SANDBOX:
         return ["sh", "-c", command]
-    guarded = {str(WORKDIR / name.rstrip("/")) for name in CONTROL}
-    guarded |= set(glob.glob(glob.escape(str(WORKDIR)) + "/.env*"))  # .env.local and the like
+    settings = set(glob.glob(glob.escape(str(WORKDIR)) + "/.env*"))  # .env.local and the like
+    settings |= {os.path.realpath(path) for path in settings}  # .env -> config/dev.env: that file is one too
+    guarded = {str(WORKDIR / name.rstrip("/")) for name in CONTROL} | settings
     guarded |= {os.path.realpath(path) for path in guarded if os.path.islink(path)}  # a link's target too
     if sys.platform == "darwin":  # its rules name paths, whether they exist or not
-        return ["/usr/bin/sandbox-exec", "-p", profile(SANDBOX, sorted(guarded)), "/bin/sh", "-c", command]
+        rules = profile(SANDBOX, sorted(guarded), sorted(settings))
+        return ["/usr/bin/sandbox-exec", "-p", rules, "/bin/sh", "-c", command]
     stand_ins()
     policy = {key: SANDBOX[key] for key in ("read", "write", "devices", "empty")}
     # A file of settings is hidden (its keys never reach a command's output); the rest read-only.
-    policy["masked"] = sorted(p for p in guarded if Path(p).name.startswith(".env") and os.path.isfile(p))
+    policy["masked"] = sorted(p for p in settings if os.path.isfile(p) and not os.path.islink(p))
     policy["read_only"] = sorted(p for p in guarded if os.path.lexists(p) and p not in policy["masked"])
     # The trick: the helper is a fresh Python that runs cage()'s own source, which
     # inspect.getsource() reads from this file: the cage is a function here, not a
@@ -620,7 +631,7 @@ def shell(command: str) -> list[str]:
     return [sys.executable, "-I", "-c", source, json.dumps(policy), command]
 
 
-def profile(policy: dict, guarded: list[str]) -> str:
+def profile(policy: dict, guarded: list[str], hidden: list[str] = ()) -> str:
     """The same policy as a macOS sandbox-exec profile. Its later rules win over earlier
     ones; every path is resolved (the kernel sees /private/tmp, not /tmp), quoted, escaped."""
 
@@ -637,7 +648,7 @@ def profile(policy: dict, guarded: list[str]) -> str:
             f"(deny file-write* {paths('subpath', guarded)})",  # a subpath: the path itself and all below it
             f"(deny file-read* {paths('subpath', [policy['home']])})",
             f"(allow file-read* {paths('subpath', policy['write'])})",
-            f"(deny file-read* {paths('subpath', [p for p in guarded if Path(p).name.startswith('.env')])})",
+            *([f"(deny file-read* {paths('literal', hidden)})"] if hidden else []),  # empty, it would deny all
             "(deny network*)",
         ]
     )
@@ -2632,6 +2643,7 @@ ASKER = threading.local()  # the child this thread runs, so that its questions s
 ASKING = threading.Lock()  # one question on the terminal at a time
 STATUS = threading.Lock()  # one status line written at a time, and HELD with them
 HELD: list[str] | None = None  # while a question is on the terminal: the status lines held back
+HELD_CAP = 200
 INTERRUPTED = "error: interrupted: the user stopped the run before this subagent finished"
 
 
@@ -2642,8 +2654,9 @@ def say(line: str) -> None:
     held and written once the question is answered: a child that only wants to say it
     started must not wait for a person, or it could not even send its request."""
     with STATUS:
-        if HELD is not None:
+        if HELD is not None:  # at most HELD_CAP lines wait (a server's log could flood them): the newest
             HELD.append(line)
+            del HELD[:-HELD_CAP]
             return
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
@@ -2779,6 +2792,8 @@ class MCPServer:
             pending = pending[-4096:]  # a line without end is kept bounded
             for line in lines:
                 say(f"[mcp {safe(self.name, 40)}] {safe(line.decode(errors='replace').rstrip(), 500)}")
+        if pending.strip():  # its last words, often why it ended, need no newline
+            say(f"[mcp {safe(self.name, 40)}] {safe(pending.decode(errors='replace').rstrip(), 500)}")
 
     def request(self, method: str, params: dict, timeout: float) -> dict:
         """The result of one request; an MCPError if it fails or takes longer than timeout."""
@@ -2820,6 +2835,8 @@ class MCPServer:
     def send(self, message: dict, deadline: float) -> None:
         """Write a message as the server reads it: one that stops reading cannot hold us
         past the deadline (its stdin does not block: a full pipe is waited on with select)."""
+        if self.process.stdin.closed:  # stopped by stop_servers(): a line too long, a write too slow
+            raise MCPError("the server was stopped earlier in this run")
         data = memoryview(json.dumps(message).encode() + b"\n")
         while data:
             left = deadline - time.monotonic()
@@ -2927,19 +2944,35 @@ def start_servers(tools: Registry, timeout: float) -> None:
             and isinstance(env, dict) and all(isinstance(v, str) and "\0" not in v for v in env.values())
         ):  # fmt: skip
             say(f"warning: MCP server {shown} is not started: command, args and env must be strings")
-        elif (remembered := (key := approval_key(name, entry)) in allowed) or ask_to_start(name, command, env, key):
+        elif (remembered := (key := approval_key(name, entry, command)) in allowed) or ask_to_start(
+            name, command, env, key
+        ):
             if remembered:
-                say(
-                    f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {safe(shlex.join(command), 200)}]"
-                )
+                line = safe(command_line(command, env), 300)
+                say(f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {line}]")
             env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
             connect(name, command, env, tools, timeout)
 
 
-def approval_key(name: str, entry: dict) -> str:
-    """What a yes is remembered by: this project, this server's name, its whole entry. A changed entry asks again."""
-    what = json.dumps([str(WORKDIR), name, entry], sort_keys=True, ensure_ascii=False, default=str)
+def approval_key(name: str, entry: dict, command: list[str]) -> str:
+    """What a yes is remembered by: this project, this server's name, its whole entry, and
+    the bytes of each file of the project its command line names. A changed entry asks
+    again; so does `python server.py` once server.py changed, since a yes was for the
+    server.py that was read then (the model, or a caged command, can rewrite it)."""
+    files = {}
+    for part in command:
+        for named in {part, part.partition("=")[2]} - {""}:
+            path = Path(os.path.realpath(WORKDIR / named))
+            with contextlib.suppress(OSError, ValueError):
+                if inside(path) and path.is_file():
+                    files[str(path)] = hashlib.sha256(read_regular(path, 16 * 1024 * 1024)).hexdigest()
+    what = json.dumps([str(WORKDIR), name, entry, files], sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(what.encode(errors="surrogatepass")).hexdigest()
+
+
+def command_line(command: list[str], env: dict[str, str]) -> str:
+    """A server's command line as it will run, its env first: NODE_OPTIONS=--require ./x.js changes what runs."""
+    return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *command] if env else command)
 
 
 def allowed_before() -> set[str]:
@@ -2954,14 +2987,17 @@ def allowed_before() -> set[str]:
 def ask_to_start(name: str, command: list[str], env: dict[str, str], key: str) -> bool:
     """The question before a server first starts, showing its command line as it will run;
     a yes is remembered (a file that cannot be written only costs the question next time)."""
-    shown = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), *command] if env else command)
     where = " (outside the sandbox)" if SANDBOX else ""
-    if not approved(shown, f"start the MCP server {name!r}{where}", who=".mcp.json wants"):
+    if not approved(command_line(command, env), f"start the MCP server {name!r}{where}", who=".mcp.json wants"):
         say(f"[MCP server {safe(repr(name), 60)} not started: not allowed (a yes at a terminal starts it from now on)]")
         return False
     try:
         APPROVALS.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(APPROVALS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        # O_NONBLOCK: a FIFO put in its place fails at once, never waits for a reader.
+        fd = os.open(APPROVALS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
         with open(fd, "ab") as file:
             file.write(f"{key}\t{WORKDIR}\t{name}\n".encode(errors="replace"))
         say(
@@ -2993,20 +3029,21 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
                 f"it speaks protocol {safe(repr(version), 40)}; this client speaks {', '.join(MCP_VERSIONS)}"
             )
         server.notify("notifications/initialized")
+        room = max(0, MAX_TOOLS - len(tools.tools) - 3)  # the skill tool, sub_agent and workflow come later
         listed, cursor = [], None
-        while True:  # the list may come in pages
+        while True:  # the list may come in pages, until more than fit: the rest would be dropped anyway
             page = server.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
             page_tools = page.get("tools") if isinstance(page.get("tools"), list) else []
             listed += [tool for tool in page_tools if isinstance(tool, dict) and isinstance(tool.get("name"), str)]
-            if not (cursor := page.get("nextCursor")):
+            if not (cursor := page.get("nextCursor")) or len(listed) > room:
                 break
     except MCPError as error:
         say(f"warning: MCP server {shown} failed its handshake: {error}")
         return stop_servers([server])
-    room = MAX_TOOLS - len(tools.tools) - 3  # the skill tool, sub_agent and workflow come later
     if len(listed) > room:
-        say(f"warning: MCP server {shown} lists {len(listed)} tools; only the first {max(room, 0)} fit in a request")
-        listed = listed[: max(room, 0)]
+        more = "more than " if cursor else ""
+        say(f"warning: MCP server {shown} lists {more}{len(listed)} tools; only the first {room} fit in a request")
+        listed = listed[:room]
     before = len(tools.tools)
     for tool in listed:
         register_mcp_tool(tools, server, tool, timeout)
@@ -3017,11 +3054,11 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
 def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: float) -> None:
     """A server's tool in the registry, named mcp__<server>__<tool> as providers allow
     (letters, digits, _ and -, at most 64 characters; made unique if two are alike)."""
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
+    name = base = re.sub(r"[^A-Za-z0-9_-]", "_", f"mcp__{server.name}__{tool['name']}")[:64]
     for number in itertools.count(2):
         if name not in tools.tools:
             break
-        name = name[: 64 - len(suffix := f"_{number}")] + suffix
+        name = base[: 64 - len(suffix := f"_{number}")] + suffix
     schema = tool.get("inputSchema")
     if not isinstance(schema, dict) or schema.get("type", "object") != "object" or len(json.dumps(schema)) > SCHEMA_CAP:
         say(f"warning: MCP tool {name} has no usable schema (a JSON object of at most 32 KiB); it is offered with none")

@@ -1565,7 +1565,11 @@ def start_servers(tools: Registry, timeout: float) -> None:
             print(
                 f"warning: MCP server {name!r} is not started: command, args and env must be strings", file=sys.stderr
             )
-        elif approved(shlex.join(command), f"start the MCP server {name!r}", who=".mcp.json"):
+        elif approved(
+            shlex.join([*(f"{k}={v}" for k, v in env.items()), *command]),
+            f"start the MCP server {name!r}",
+            who=".mcp.json",
+        ):  # its env too: it changes what runs
             env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
             connect(name, command, env, tools, timeout)
 
@@ -1638,7 +1642,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     """Call a server's tool. A server you allowed is trusted code; the model is not: a tool
     the server does not mark read-only asks first, showing its arguments."""
     if not read_only and not approved(
-        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call the MCP server {server.name!r}'s tool"
+        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call a tool of the MCP server {server.name!r}"
     ):
         return "error: permission denied — the user did not approve this call"
     try:
@@ -1652,7 +1656,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     ]
     text = "\n".join(map(str, parts)) or "(no content)"
     if len(text) > OUTPUT_CAP:
-        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} bytes ...]"
+        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} characters ...]"
     return f"error: {text}" if result.get("isError") else text
 
 

@@ -265,8 +265,8 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
 # agent runs goes through one door, shell(), and into the cage.
 
 SANDBOX: dict = {}  # the policy while -sandbox is on; empty, commands run as they always did
-SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys", "/dev")  # readable
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # writable
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/opt", "/proc", "/sys")  # readable
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")  # the only devices: read, write
 # What steers the agent or runs code later, though it lies in the writable working
 # directory: read-only inside the cage. A trailing / marks a directory.
 CONTROL = (".sessions/", ".trash/", ".git/", ".agents/", ".claude/", ".mcp.json", "AGENTS.md", "CLAUDE.md", ".env")
@@ -289,7 +289,7 @@ def start_sandbox() -> None:
     # A mount covers something that exists: a missing control path gets an empty stand-in for the run.
     for name in CONTROL:
         if not os.path.lexists(path := WORKDIR / name.rstrip("/")):
-            path.mkdir() if name.endswith("/") else path.touch()
+            path.mkdir(mode=0o700) if name.endswith("/") else path.touch()
             atexit.register(remove_stand_in, path)
     try:  # the cage is tried once now: if it cannot close, say why before anything runs
         probe = subprocess.run(shell("true"), capture_output=True, timeout=30)
@@ -1743,7 +1743,11 @@ def start_servers(tools: Registry, timeout: float) -> None:
             print(
                 f"warning: MCP server {name!r} is not started: command, args and env must be strings", file=sys.stderr
             )
-        elif approved(shlex.join(command), f"start the MCP server {name!r}", who=".mcp.json"):
+        elif approved(
+            shlex.join([*(f"{k}={v}" for k, v in env.items()), *command]),
+            f"start the MCP server {name!r}",
+            who=".mcp.json",
+        ):  # its env too: it changes what runs
             env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
             connect(name, command, env, tools, timeout)
 
@@ -1816,7 +1820,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     """Call a server's tool. A server you allowed is trusted code; the model is not: a tool
     the server does not mark read-only asks first, showing its arguments."""
     if not read_only and not approved(
-        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call the MCP server {server.name!r}'s tool"
+        f"{tool}({json.dumps(args, ensure_ascii=False)})", f"call a tool of the MCP server {server.name!r}"
     ):
         return "error: permission denied — the user did not approve this call"
     try:
@@ -1830,7 +1834,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     ]
     text = "\n".join(map(str, parts)) or "(no content)"
     if len(text) > OUTPUT_CAP:
-        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} bytes ...]"
+        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} characters ...]"
     return f"error: {text}" if result.get("isError") else text
 
 
