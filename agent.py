@@ -98,10 +98,12 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
 
 
 def nonempty_file(path: Path) -> bool:
+    """Whether a .env is there to read: anything but an empty regular file (a FIFO is warned about)."""
     try:
-        return path.is_file() and path.stat().st_size > 0
+        status = path.stat()
     except OSError:
         return False
+    return not stat.S_ISREG(status.st_mode) or status.st_size > 0
 
 
 SETTINGS = (
@@ -134,7 +136,7 @@ For a local Ollama:
 
 
 def seconds_from(variable: str, default: float) -> float | None:
-    """Seconds from a setting, 1 to 1,000,000 (the alarm clock's range); None if it is not that (main() says so)."""
+    """Seconds from a setting, 1 to 1,000,000 (a range that excludes nonsense); None if it is not that (main() says so)."""
     raw = setting(variable)
     try:
         value = float(raw) if raw else default
@@ -512,12 +514,14 @@ def approved(command: str, wants: str = "run", who: str = "") -> bool:
                 # A Ctrl-C during a fan-out wakes a child's question (WAKE); the main thread's, the signal does.
                 answered = not STOPPING.is_set() and terminal in select.select([terminal, WAKE[0]], [], [])[0]
                 answer = terminal.readline().decode(errors="replace") if answered else ""
+                if not answer.endswith("\n"):  # Ctrl-D, a stop: what comes next starts on a line of its own
+                    terminal.write(b"\n")
         except (OSError, termios.error):  # no controlling terminal
             answer = ""
         finally:
             hold_status_lines(False)
     if not answer and not STOPPING.is_set():  # a stop that woke the question is no missing terminal
-        print("(no answer from a terminal: refused)", file=sys.stderr)
+        say("(no answer from a terminal: refused)")
     return answer.strip().lower() in ("y", "yes")
 
 
@@ -965,10 +969,7 @@ class Registry:
         if path and not result.startswith("error:"):
             self.known_files[path] = fingerprint(path) if tool.changes_files else seen  # what the model has now seen
             if tool.changes_files and path == Path(os.path.realpath(MEMORY)):  # it steers every new session: say so
-                print(
-                    f"[memory: {name} changed {MEMORY.name}; new sessions will have it in their prompt]",
-                    file=sys.stderr,
-                )
+                say(f"[memory: {name} changed {MEMORY.name}; new sessions will have it in their prompt]")
         return redact(result)
 
 
@@ -1020,6 +1021,8 @@ def caged(path: Path, given: Path, writes: bool) -> str | None:
             " and ".join(SANDBOX["write"]) if writes else f"the system's directories, {' and '.join(SANDBOX['write'])}"
         )
         return f"error: -sandbox: this run {'writes' if writes else 'reads'} only in {where}"
+    if not writes and holds_settings(given, path):
+        return "error: -sandbox: .env and its kin are hidden in this run, from commands and the file tools alike"
     names = {name.rstrip("/").casefold() for name in CONTROL}
     parts = [part.casefold() for part in path.relative_to(WORKDIR).parts] if inside(path) else []
     if writes and (parts[:1] and parts[0] in names or holds_settings(given, path) or guarded(path, given)):
@@ -1350,7 +1353,7 @@ def load_skill(args: dict, listed: list[str], found: dict[str, Skill]) -> str:
         )
     result = f'[skill "{name}", directory: {shown_path(skill.path.parent)}]\n\n{body.replace(chr(0), "")}'
     # From here on every request carries it, until a compaction folds it into a summary.
-    print(f"[skill body entered the conversation: ~{estimate(result):,} tokens]", file=sys.stderr)
+    say(f"[skill body entered the conversation: ~{estimate(result):,} tokens]")
     return result
 
 
@@ -1973,8 +1976,15 @@ def summarize(client: openai.OpenAI, messages: list[dict], window: int, carried:
         limit //= 2
     # whole(): the transcript may hold half an emoji, which the SDK cannot encode. The
     # reply is not streamed, so STREAM_TIMEOUT bounds it as a whole (the SDK waits 600 s).
-    response = client.chat.completions.create(
-        model=MODEL, max_tokens=reply, messages=whole(request), timeout=STREAM_TIMEOUT
+    response = retried(
+        functools.partial(
+            client.chat.completions.create,
+            model=MODEL,
+            max_tokens=reply,
+            messages=whole(request),
+            timeout=STREAM_TIMEOUT,
+        ),
+        "summary request",
     )
     choices = getattr(response, "choices", None)
     summary = (
@@ -2247,21 +2257,35 @@ def held_back(text: str) -> int:
 
 MAX_RETRIES = 2  # a rate limit or a server's failure is tried again this often
 LONGEST_WAIT = 60  # seconds: a provider that asks for a longer wait gets an error instead, which says so
-RETRIED = {408, 409, 429, 500, 502, 503, 504, 529}  # statuses worth trying again, as the SDK has them
+RETRIED = {
+    408,
+    409,
+    429,
+    500,
+    502,
+    503,
+    504,
+    529,
+}  # statuses worth trying again: the SDK's, and the 5xx of a provider that is overloaded
 
 
 def send(client: openai.OpenAI, messages: list[dict], max_tokens: int, tools: list[dict], who: str = "") -> object:
     """Start one streamed request for messages; return the stream. The first byte must come
-    within STREAM_TIMEOUT (the SDK's read timeout: after it, the watchdog takes over). A
-    rate limit or a 5xx is tried again, as the provider asks
-    (Retry-After), at most MAX_RETRIES times, each retry shown on stderr."""
+    within STREAM_TIMEOUT (the SDK's read timeout: after it, the watchdog takes over)."""
+    return retried(functools.partial(request, client, messages, max_tokens, tools), who)
+
+
+def retried(make_request: Callable[[], object], who: str = "") -> object:
+    """make_request()'s answer; a rate limit or a 5xx is tried again, as the provider asks
+    (Retry-After), at most MAX_RETRIES times, each retry shown on stderr. Every request
+    the agent makes passes here: a turn's, a subagent's, a compaction's summary."""
     import openai
 
     for attempt in itertools.count(1):
         if STOPPING.is_set():  # a child the stop caught between two requests makes no more
             raise Failure("interrupted: the run is stopping")
         try:
-            return request(client, messages, max_tokens, tools)
+            return make_request()
         except openai.APIStatusError as error:  # not a connection refused: a server that is not there, fails at once
             wait = retry_wait(error, attempt)
             asked = asked_wait(error.response.headers) if error.status_code in RETRIED else None
@@ -2293,12 +2317,9 @@ def asked_wait(headers: object) -> float | None:
     """The seconds a failed response asks to wait (Retry-After: seconds or an HTTP date;
     OpenAI's retry-after-ms), None if it asks nothing readable."""
     asked = None
-    with contextlib.suppress(ValueError, TypeError, OverflowError):  # seconds, or (OpenAI's) milliseconds
-        asked = (
-            float(headers["retry-after-ms"]) / 1000
-            if "retry-after-ms" in headers
-            else float(headers.get("retry-after"))
-        )
+    for name, unit in (("retry-after-ms", 1000), ("retry-after", 1)):  # OpenAI's milliseconds first, then seconds
+        with contextlib.suppress(ValueError, TypeError, OverflowError):
+            asked = float(headers[name]) / unit if asked is None and name in headers else asked
     if asked is None and "retry-after" in headers:  # an HTTP date
         import email.utils  # here: only a retry needs it
 
@@ -2489,7 +2510,12 @@ def sub_agent(args: dict, call_id: str, client: openai.OpenAI, parent: Session, 
         return "error: the prompt is empty; the subagent sees nothing of this conversation, so the prompt must say everything"
     links = {"parent": parent.id, "call": call_id, "description": description}
     system = [m for m in parent.history[:1] if m.get("role") == "system"]  # a file of the book's may have none
-    child = create_session([*system, {"role": "user", "content": prompt}], parent.skills, SESSIONS / parent.id, links)
+    try:
+        child = create_session(
+            [*system, {"role": "user", "content": prompt}], parent.skills, SESSIONS / parent.id, links
+        )
+    except Failure as failure:  # no room for its file (a full disk, no descriptors left): this child fails, not the run
+        return f"error: the subagent could not start: {failure}"
     child_tools = Registry()
     child_tools.tools = dict(tools)  # its own read-before-write record
     label = f'sub "{safe(description, 60)}"'
@@ -2789,7 +2815,7 @@ class MCPServer:
         pending = b""
         while chunk := os.read(self.process.stderr.fileno(), 65536):
             *lines, pending = (pending + chunk).split(b"\n")
-            pending = pending[-4096:]  # a line without end is kept bounded
+            pending = pending[:4096]  # a line without end is kept bounded: its start, which is shown
             for line in lines:
                 say(f"[mcp {safe(self.name, 40)}] {safe(line.decode(errors='replace').rstrip(), 500)}")
         if pending.strip():  # its last words, often why it ended, need no newline
@@ -2837,10 +2863,12 @@ class MCPServer:
         past the deadline (its stdin does not block: a full pipe is waited on with select)."""
         if self.process.stdin.closed:  # stopped by stop_servers(): a line too long, a write too slow
             raise MCPError("the server was stopped earlier in this run")
-        data = memoryview(json.dumps(message).encode() + b"\n")
+        data = whole_message = memoryview(json.dumps(message).encode() + b"\n")
         while data:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([], [self.process.stdin], [], left)[1]:
+                if len(data) == len(whole_message):  # nothing of it written (its time went waiting for the lock)
+                    raise MCPTimeout("the server did not answer in time")
                 stop_servers([self])  # part of a message is in its pipe: nothing after it would be read right
                 raise MCPError("it did not read what it was sent in time; it was stopped")
             try:
@@ -2943,7 +2971,7 @@ def start_servers(tools: Registry, timeout: float) -> None:
             command[0] and all(isinstance(part, str) and "\0" not in part for part in command)
             and isinstance(env, dict) and all(isinstance(v, str) and "\0" not in v for v in env.values())
         ):  # fmt: skip
-            say(f"warning: MCP server {shown} is not started: command, args and env must be strings")
+            say(f"warning: MCP server {shown} is not started: command, args and env must be strings, without NUL")
         elif (remembered := (key := approval_key(name, entry, command)) in allowed) or ask_to_start(
             name, command, env, key
         ):
@@ -2956,11 +2984,11 @@ def start_servers(tools: Registry, timeout: float) -> None:
 
 def approval_key(name: str, entry: dict, command: list[str]) -> str:
     """What a yes is remembered by: this project, this server's name, its whole entry, and
-    the bytes of each file of the project its command line names. A changed entry asks
+    the bytes of each file of the project its command line or env names (NODE_OPTIONS=--require ./x.js). A changed entry asks
     again; so does `python server.py` once server.py changed, since a yes was for the
     server.py that was read then (the model, or a caged command, can rewrite it)."""
     files = {}
-    for part in command:
+    for part in [*command, *(word for value in entry.get("env", {}).values() for word in value.split())]:
         for named in {part, part.partition("=")[2]} - {""}:
             path = Path(os.path.realpath(WORKDIR / named))
             with contextlib.suppress(OSError, ValueError):

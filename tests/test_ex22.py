@@ -1,4 +1,4 @@
-"""Chapter 22: an MCP client over stdio (exercises/ex22/agent.py).
+"""Chapter 22: an MCP client over stdio (exercises/ex22/agent.py, and agent.py, which keeps its promises).
 
 .mcp.json in the working directory names the servers, {"mcpServers": {"name":
 {"command", "args", "env"}}}. An entry with a url, or of type "http", is skipped
@@ -35,6 +35,13 @@ tests/hostile_mcp.py, which misbehaves as a plan says and writes down its pid,
 its environment, the signals it gets and every message it receives: whether a
 server is gone is checked by its pid. One check runs in-process, on connect():
 the handshake's bound, made 1 s instead of 30.
+
+agent.py ("final") differs by design in details, each branched where a test meets it: it
+offers at most 128 tools in a request (OpenAI's limit; the rest are dropped with a warning),
+warns once per server about lines that are no JSON object, words some messages its own way,
+remembers a yes to start a server (in $HOME/.config/agent-py/mcp-allowed: HOME is each
+test's own, so a second run of a test starts the server without asking), and takes an
+MCP_TIMEOUT of 1.5 s.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ from helpers import (
 )
 
 CHAPTER = 22
-PROGRAMS = [CHAPTER]  # "final" joins in the next commit
+PROGRAMS = [CHAPTER, "final"]
 programs = pytest.mark.parametrize("chapter", PROGRAMS)
 
 HOSTILE = Path(__file__).with_name("hostile_mcp.py")
@@ -91,6 +98,7 @@ PROVIDER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what providers accept as a
 CAP = 8 * 1024  # bash's output cap (chapter 7 on)
 EMPTY_SCHEMA = {"type": "object", "properties": {}}
 PASSED_ON = {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "TZ", "USER"}  # chapter 22's minimum
+MAX_TOOLS = 128  # agent.py's cap on the tools of a request (OpenAI's limit); the chapter has none
 
 
 # ---------------------------------------------------------------- servers, and what they wrote down
@@ -172,6 +180,13 @@ def offered(provider: FakeProvider) -> dict[str, dict]:
     """The MCP tools the first request offers, by name: each one's function (name, description, parameters)."""
     functions = [entry["function"] for entry in provider.chat_requests[0].get("tools", [])]
     return {function["name"]: function for function in functions if function["name"].startswith("mcp__")}
+
+
+def too_many(stderr: str, name: str, listed: int) -> int | None:
+    """agent.py's warning that a server lists more tools than fit in a request: how many it offers, or None."""
+    pattern = rf"warning: MCP server '{re.escape(name)}' lists {listed} tools; only the first (\d+) fit in a request"
+    match = re.fullmatch(pattern, "\n".join(warnings(stderr)))
+    return int(match.group(1)) if match else None
 
 
 def connected(stderr: str, name: str) -> tuple[str, int] | None:
@@ -463,39 +478,61 @@ def test_200_tools_and_names_of_100_characters_are_cut_and_made_unique_to_fit(
     provider: FakeProvider, workdir: Path, chapter: int | str, hostile: Callable[..., Hostile]
 ) -> None:
     long_a, long_b = "a" * 56 + "x" * 44, "a" * 56 + "y" * 44  # 100 characters, the first 56 alike
-    listed = [tool(f"tool_{n:03d}") for n in range(200)] + [tool(long_a), tool(long_b), tool("do.this now!")]
+    listed = [tool(long_a), tool(long_b), tool("do.this now!")] + [tool(f"tool_{n:03d}") for n in range(200)]
     put_config(workdir, hostile("h.1", tools=listed))
     result = run(chapter, provider, workdir, text(FINAL))
     assert_ok(result, FINAL + "\n")
     names = list(offered(provider))
-    assert len(names) == len(set(names)) == 203
+    assert len(names) == len(set(names))
     assert all(PROVIDER_NAME.fullmatch(name) for name in names), [n for n in names if not PROVIDER_NAME.fullmatch(n)]
-    assert names[:200] == [f"mcp__h_1__tool_{n:03d}" for n in range(200)]
-    assert names[200] == f"mcp__h_1__{long_a}"[:64]
-    assert names[201].startswith("mcp__h_1__aaaa") and names[202] == "mcp__h_1__do_this_now_"
-    assert connected(result.stderr, "h.1") == (NEWEST, 203)
+    assert names[0] == f"mcp__h_1__{long_a}"[:64]
+    assert names[1].startswith("mcp__h_1__aaaa") and names[2] == "mcp__h_1__do_this_now_"
+    if chapter == CHAPTER:
+        assert len(names) == 203 and not warnings(result.stderr), result.stderr
+    else:  # agent.py: what does not fit in a request (128 tools, OpenAI's limit) is dropped, with a warning
+        assert too_many(result.stderr, "h.1", 203) == len(names) < 203, result.stderr
+        assert len(provider.chat_requests[0]["tools"]) <= MAX_TOOLS
+    assert names[3:] == [f"mcp__h_1__tool_{n:03d}" for n in range(len(names) - 3)]  # the first ones, in order
+    assert connected(result.stderr, "h.1") == (NEWEST, len(names))
 
-    # Each name calls its own tool, by the name the server gave it.
+    # Each name calls its own tool, by the name the server gave it, in a second run.
     provider.requests.clear()
-    picked = calls(*((f"c{n}", name, {}) for n, name in enumerate(names[200:])))
-    assert_ok(run(chapter, provider, workdir, picked, text(FINAL)), FINAL + "\n")
+    picked = calls(*((f"c{n}", name, {}) for n, name in enumerate(names[:3])))
+    again = run(chapter, provider, workdir, picked, text(FINAL))
+    assert_ok(again, FINAL + "\n")
     assert results(provider) == {"c0": echo(long_a), "c1": echo(long_b), "c2": echo("do.this now!")}
+    assert again.terminal.count(QUESTION) == (1 if chapter == CHAPTER else 0)  # agent.py remembers the first yes
 
 
 @programs
 def test_names_stay_unique_when_the_numbers_that_would_tell_them_apart_are_taken(
     provider: FakeProvider, workdir: Path, chapter: int | str, hostile: Callable[..., Hostile]
 ) -> None:
-    """A server whose names look like the cut and numbered forms of its longest one, listed first,
-    then the same long name three times, and a short one twice: every name still unique, no hang."""
-    lookalikes = [tool("z" * 52 + f"_{n:03d}") for n in range(1000)] + [tool("z" * 54 + f"_{n}") for n in range(10)]
-    listed = [*lookalikes, tool("z" * 100), tool("z" * 100), tool("z" * 100), tool("dup"), tool("dup")]
+    """A server whose names look like the cut and numbered forms of its longest one (mcp__h__zzz..._2
+    to _999, all 64 characters), listed first, then the same long name three times, and a short one
+    twice: every name still unique, no hang. agent.py offers only the tools that fit in a request
+    (MAX_TOOLS), the first ones: for it, the forms from _100 on come after the long names."""
+    cut = "z" * 56  # what is left of "z" * 100 after "mcp__h__", at 64 characters
+    below_100 = [tool(cut[: 56 - len(f"_{n}")] + f"_{n}") for n in range(2, 100)]
+    from_100 = [tool(cut[:52] + f"_{n:03d}") for n in range(1000)]  # _100 to _999, and _000 to _099 alike
+    clashing = [tool("z" * 100), tool("z" * 100), tool("z" * 100), tool("dup"), tool("dup")]
+    if chapter == CHAPTER:
+        listed = [*below_100, *from_100, *clashing]
+    else:  # agent.py: only the first tools fit in a request, so the ones that clash come before the most
+        listed = [*below_100, *clashing, *from_100]
     put_config(workdir, hostile(tools=listed))
     provider.script(text(FINAL))
     result = run_agent(chapter, TASK, provider=provider, cwd=workdir, answers="y\n", timeout=30)
     assert_ok(result, FINAL + "\n")
     names = list(offered(provider))
-    assert len(names) == len(set(names)) == len(listed)
+    assert len(names) == len(set(names))
+    at = listed.index(clashing[0])
+    assert names[at] == "mcp__h__" + cut and names[at + 3] == "mcp__h__dup"  # the first of each keeps its name
+    if chapter == CHAPTER:
+        assert len(names) == len(listed)
+    else:
+        assert too_many(result.stderr, "h", len(listed)) == len(names) >= at + len(clashing), result.stderr
+        assert len(provider.chat_requests[0]["tools"]) <= MAX_TOOLS
     assert all(PROVIDER_NAME.fullmatch(name) for name in names)
 
 
@@ -630,8 +667,8 @@ def test_a_server_that_stops_reading_cannot_hold_a_call_past_mcp_timeout(
     assert_ok(result, FINAL + "\n")
     got = results(provider)
     assert got["s"].startswith("error:") and got["e"].startswith("error:"), got
-    if chapter == CHAPTER:
-        assert got["e"] == "error: MCP server h: the server did not read what it was sent in time; it was stopped"
+    said = "the server did not read" if chapter == CHAPTER else "it did not read"  # agent.py's wording
+    assert got["e"] == f"error: MCP server h: {said} what it was sent in time; it was stopped", got
 
 
 @programs
@@ -645,8 +682,7 @@ def test_a_huge_result_is_capped_like_bash_s_output(
     kept = len(os.path.commonprefix([answer, HUGE]))
     assert CAP - 100 <= kept <= CAP and len(answer) <= CAP + 200, (kept, len(answer))
     assert answer[kept:].strip(), "no marker where it was cut"
-    if chapter == CHAPTER:
-        assert answer == HUGE[:CAP] + "\n[... cut: the result is longer than 8,192 bytes ...]"
+    assert answer == HUGE[:CAP] + "\n[... cut: the result is longer than 8,192 characters ...]"
     stored = disk_messages(session_file(workdir, result.stderr))
     assert [m["content"] for m in stored if m["role"] == "tool"] == [answer]
 
@@ -669,8 +705,8 @@ def test_a_line_of_more_than_16_mib_is_an_error_result_and_the_server_is_stopped
     assert code == 0 and out == FINAL + "\n" and "Traceback" not in err, (code, err)
     got = results(provider)
     assert got["s"].startswith("error:") and got["e"].startswith("error:"), got  # declared dead
-    if chapter == CHAPTER:
-        assert got["s"] == "error: MCP server h: the server sent a line of more than 16,777,216 bytes; it was stopped"
+    said = "the server sent" if chapter == CHAPTER else "it sent"  # agent.py's wording
+    assert got["s"] == f"error: MCP server h: {said} a line of more than 16,777,216 bytes; it was stopped", got
     assert server.written("signals") == ["SIGTERM"]
 
 
@@ -710,13 +746,17 @@ def test_the_server_s_requests_are_answered_and_its_notifications_ignored(
 def test_lines_that_are_no_json_object_are_skipped_with_a_warning_each(
     provider: FakeProvider, workdir: Path, chapter: int | str, hostile: Callable[..., Hostile]
 ) -> None:
+    """Each line, in the chapter; agent.py says it once per server."""
     put_config(workdir, hostile(tools=[tool("noisy")], calls={"noisy": "garbage"}))
     result = run(chapter, provider, workdir, calls(("g", "mcp__h__noisy", {})), text(FINAL))
     assert_ok(result, FINAL + "\n")
     assert results(provider) == {"g": echo("noisy")}  # not the answer to a request never made
     skipped = warnings(result.stderr)
-    assert len(skipped) == len(GARBAGE), result.stderr
     assert all(" h " in line for line in skipped), skipped
+    if chapter == CHAPTER:
+        assert len(skipped) == len(GARBAGE), result.stderr
+    else:
+        assert skipped == ["warning: MCP server h sent a line that is no JSON object; such lines are skipped"]
 
 
 @programs
@@ -727,7 +767,7 @@ def test_a_flood_of_lines_that_are_no_json_is_no_traceback(
     result = run(chapter, provider, workdir, calls(("f", "mcp__h__flood", {})), text(FINAL))
     assert_ok(result, FINAL + "\n")
     assert results(provider) == {"f": echo("flood")}
-    assert len(warnings(result.stderr)) == FLOOD
+    assert len(warnings(result.stderr)) == (FLOOD if chapter == CHAPTER else 1)  # agent.py: once per server
 
 
 @programs
@@ -847,11 +887,31 @@ def test_a_stop_while_the_servers_start_stops_those_started(
     assert not provider.requests
 
 
-@programs
-@pytest.mark.parametrize("value", ["0", "1.5", "soon"])
+BAD_TIMEOUTS = [  # agent.py takes 1.5, as it takes STREAM_TIMEOUT (the next test)
+    (chapter, value) for chapter in PROGRAMS for value in ("0", "1.5", "soon") if (chapter, value) != ("final", "1.5")
+]
+
+
+@pytest.mark.parametrize(("chapter", "value"), BAD_TIMEOUTS)
 def test_an_mcp_timeout_that_is_no_whole_number_of_seconds_is_one_error_line(
     provider: FakeProvider, workdir: Path, chapter: int | str, value: str
 ) -> None:
     result = run_agent(chapter, TASK, provider=provider, cwd=workdir, MCP_TIMEOUT=value)
     assert_one_error_line(result, "MCP_TIMEOUT")
+    if chapter != CHAPTER:  # agent.py's wording
+        assert result.stderr == f"error: MCP_TIMEOUT must be a number of seconds from 1 to 1000000, not {value!r}\n"
     assert not provider.requests
+
+
+@pytest.mark.parametrize("chapter", [program for program in PROGRAMS if program == "final"])
+def test_agent_py_gives_a_call_up_after_an_mcp_timeout_of_1_5_seconds(
+    provider: FakeProvider, workdir: Path, chapter: int | str, hostile: Callable[..., Hostile]
+) -> None:
+    """agent.py's MCP_TIMEOUT is a number of seconds, a fraction too: 1.5 s, not 1 and not 60."""
+    put_config(workdir, hostile(tools=[tool("wait")], calls={"wait": "stall"}))
+    arrivals = record_arrivals(provider)
+    result = run(chapter, provider, workdir, calls(("s", "mcp__h__wait", {})), text(FINAL), MCP_TIMEOUT="1.5")
+    assert_ok(result, FINAL + "\n")
+    assert results(provider) == {"s": "error: MCP server h: the server did not answer in time"}
+    (asked, _), (answered, _) = arrivals
+    assert 1.5 <= answered - asked < 4, answered - asked

@@ -22,6 +22,14 @@ The home directory of the attacks is the HOME the agent runs with, a sibling of 
 working directory (inside the cage, HOME is the private temporary directory, so a
 command says the real path, never ~). Commands inside the cage run /usr/bin/python3:
 the test's own Python lives where the cage does not let it read.
+
+agent.py ("final") keeps every promise here; it differs by design in details, each branched
+where a test meets it: it hides each .env* that exists behind an empty read-only file (a
+write fails with "Permission denied" or "Read-only file system"), never passes the API key
+to a command, caged or not, names as HOME and TMPDIR the tmp/ of its agent-sandbox-XXXX
+directory, asks about a `cat` of a path outside the working directory (the chapter's
+allow-list runs it), takes --sandbox as -sandbox, and gives its macOS profile() a list of
+hidden files (one more rule when it is not empty).
 """
 
 from __future__ import annotations
@@ -60,8 +68,7 @@ from helpers import (
     warnings,
 )
 
-# "final" (agent.py) joins when agent.py absorbs the chapter.
-PROGRAMS = [23]
+PROGRAMS = [23, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 PYTHON = "/usr/bin/python3"  # a Python the cage can read: /usr is a system directory
@@ -157,9 +164,13 @@ def sandbox_line(stderr: str) -> str:
     return found[0]
 
 
-def private_tmp(stderr: str, layout: Layout) -> Path:
-    """The private temporary directory a caged run names in its [sandbox on: ...] line."""
-    match = re.search(rf"and ({re.escape(str(layout.tmp))}/agent-sandbox-\w+), their HOME", sandbox_line(stderr))
+def private_tmp(stderr: str, layout: Layout, chapter: int | str) -> Path:
+    """The private temporary directory a caged run names in its [sandbox on: ...] line: the
+    chapter's agent-sandbox-XXXX; agent.py's is the tmp/ in it, beside the empty file that
+    stands in for a hidden .env (the whole agent-sandbox-XXXX goes at exit, as the tests check)."""
+    inner = "/tmp" if chapter == "final" else ""
+    pattern = rf"and ({re.escape(str(layout.tmp))}/agent-sandbox-\w+{inner}), their HOME"
+    match = re.search(pattern, sandbox_line(stderr))
     assert match, stderr
     return Path(match.group(1))
 
@@ -339,6 +350,7 @@ ATTACKS = {
 ALLOWED = {
     "write_workdir": "echo made here > made.txt && cat made.txt",
     "write_tmp": 'echo made in tmp > "$TMPDIR/t.txt" && cat "$TMPDIR/t.txt" && echo "HOME=$HOME"',
+    "read_dot_env": "cat .env .env.local",
 }
 
 
@@ -417,11 +429,20 @@ def read_or_none(path: Path) -> bytes | None:
     ],
 )
 def test_an_attack_fails_in_the_cage_and_the_same_command_works_without_it(suite, attack: str) -> None:
-    _, _, caged, uncaged = suite
-    refused = ATTACKS[attack].refused
+    chapter, _, caged, uncaged = suite
+    refused = (ATTACKS[attack].refused,)
+    if chapter == "final" and attack in ("write_dot_env", "write_dot_env_local"):
+        # agent.py binds an empty read-only file (mode 0400) over each .env*: which check refuses first may vary
+        refused = ("Permission denied", "Read-only file system")
     assert not caged.landed[attack], f"{attack} got out of the cage: {caged.outputs[attack]!r}"
     assert "BREACH" not in caged.outputs[attack], caged.outputs[attack]
-    assert refused in caged.outputs[attack], (refused, caged.outputs[attack])
+    assert any(reason in caged.outputs[attack] for reason in refused), (refused, caged.outputs[attack])
+    if chapter == "final" and attack == "api_key_in_environment":
+        # agent.py never passes the key to a command, even without -sandbox: it fails both ways
+        assert not uncaged.landed[attack], f"the key reached a command without -sandbox: {uncaged.outputs[attack]!r}"
+        assert "OPENAI_API_KEY" not in uncaged.outputs[attack]  # not its name, nor agent.py's mark of a key it cut out
+        assert "MODEL=test-model" in uncaged.outputs[attack]  # the command did run and print its environment
+        return
     assert uncaged.landed[attack], f"{attack} did not work even without -sandbox: {uncaged.outputs[attack]!r}"
 
 
@@ -432,10 +453,10 @@ def test_the_planted_key_reaches_the_provider_only_without_the_cage(suite) -> No
 
 
 def test_inside_the_cage_the_working_and_temporary_directories_are_writable(suite) -> None:
-    _, layout, caged, uncaged = suite
+    chapter, layout, caged, uncaged = suite
     assert caged.outputs["write_workdir"] == "made here\n"
     assert caged.after["made.txt"] == b"made here\n"  # on the real disk, not a copy in the cage
-    temporary = private_tmp(caged.result.stderr, layout)
+    temporary = private_tmp(caged.result.stderr, layout, chapter)
     assert caged.outputs["write_tmp"] == f"made in tmp\nHOME={temporary}\n"  # HOME is the private directory
     assert not temporary.exists() and caged.tmp_after == []  # removed at exit, with what was written in it
     assert uncaged.outputs["write_workdir"] == "made here\n" and uncaged.outputs["write_tmp"].startswith(
@@ -445,12 +466,24 @@ def test_inside_the_cage_the_working_and_temporary_directories_are_writable(suit
 
 
 def test_the_command_environment_has_no_api_key_and_its_home_is_the_private_directory(suite) -> None:
-    _, layout, caged, _ = suite
+    chapter, layout, caged, _ = suite
     environment = dict(item.split("=", 1) for item in caged.outputs["api_key_in_environment"].split("\0") if item)
     assert "OPENAI_API_KEY" not in environment
-    temporary = str(private_tmp(caged.result.stderr, layout))
+    temporary = str(private_tmp(caged.result.stderr, layout, chapter))
     assert environment["HOME"] == environment["TMPDIR"] == temporary
     assert environment["MODEL"] == "test-model"  # the rest of the environment is the agent's
+
+
+def test_a_dot_env_is_readable_in_the_cage_or_hidden(suite) -> None:
+    """The chapter binds each .env* read-only; agent.py hides them behind an empty file, so
+    that their keys never reach a command's output. Without the cage, both read them."""
+    chapter, _, caged, uncaged = suite
+    if chapter == "final":
+        assert caged.outputs["read_dot_env"] == "(command succeeded with no output)"
+    else:
+        assert caged.outputs["read_dot_env"] == DOT_ENV * 2
+    written = uncaged.after[".env"] + uncaged.after[".env.local"]  # the uncaged attacks appended to them
+    assert DOT_ENV.encode() in uncaged.after[".env"] and uncaged.outputs["read_dot_env"] == written.decode()
 
 
 def test_control_files_that_existed_are_untouched_and_the_stand_in_is_gone(suite) -> None:
@@ -461,12 +494,16 @@ def test_control_files_that_existed_are_untouched_and_the_stand_in_is_gone(suite
 
 
 def test_a_yes_at_the_gate_does_not_lift_the_cage(suite) -> None:
-    _, layout, caged, _ = suite
+    chapter, layout, caged, _ = suite
     command = ATTACKS["write_home"].command.format(home=layout.home)
     asked = f"wants to run: {command}\nallow? (y/N) y\n"
     assert asked in caged.result.terminal, caged.result.terminal  # the person said yes
     assert not caged.landed["write_home"] and "Permission denied" in caged.outputs["write_home"]
-    assert "cat /proc/self/environ" not in caged.result.terminal  # an allowed command was not asked about
+    if chapter == "final":  # agent.py's gate asks about a path outside the working directory; the cage holds anyway
+        environ = "wants to run: cat /proc/self/environ\nallow? (y/N) y\n"
+        assert environ in caged.result.terminal, caged.result.terminal
+    else:
+        assert "cat /proc/self/environ" not in caged.result.terminal  # an allowed command was not asked about
     assert "The kernel enforces it: a yes does not lift it]" in sandbox_line(caged.result.stderr)
 
 
@@ -647,6 +684,10 @@ def test_the_macos_profile_quotes_hostile_paths(chapter, tmp_path: Path, monkeyp
         ["allow", "file-read*", ["subpath", ("str", real[0])], ["subpath", ("str", real[1])]],
         ["deny", "network*"],
     ]
+    if chapter == "final":  # agent.py's profile() also takes the files it hides: one more rule, before the last
+        hidden = sbpl(module.profile(policy, guarded, [hostile[3], hostile[4]]))
+        rule = ["deny", "file-read*", ["literal", ("str", real[3])], ["literal", ("str", real[4])]]
+        assert hidden == [*forms[:-1], rule, forms[-1]]
 
 
 def sbpl(source: str) -> list:
@@ -732,11 +773,18 @@ PLACEMENTS = {
     "before -c": ["-sandbox", "-c", SESSION_ID, "TASK"],
     "after -c ID": ["-c", SESSION_ID, "-sandbox", "TASK"],
     "after the follow-up": ["-c", SESSION_ID, "TASK", "-sandbox"],
+    "spelt --sandbox": ["--sandbox", "TASK"],  # agent.py only, which takes every long option
+    "spelt --sandbox, after -c ID": ["-c", SESSION_ID, "--sandbox", "TASK"],
 }
+PLACED = [
+    (chapter, placement)
+    for chapter in PROGRAMS
+    for placement in PLACEMENTS
+    if chapter == "final" or "--sandbox" not in PLACEMENTS[placement]
+]
 
 
-@each
-@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize(("chapter", "placement"), PLACED)
 def test_sandbox_works_anywhere_among_the_arguments(chapter, placement: str, tmp_path: Path, cage_possible) -> None:
     layout = make_layout(tmp_path)
     args = [TASK if arg == "TASK" else arg for arg in PLACEMENTS[placement]]
@@ -757,10 +805,13 @@ def test_sandbox_works_anywhere_among_the_arguments(chapter, placement: str, tmp
         assert "Permission denied" in results(fp)["t"] and not (layout.home / "placed").exists()
 
 
-@each
-@pytest.mark.parametrize(
-    "args", [["-sandbx", TASK], [TASK, "-sandbx"], ["--sandbox", TASK], ["-c", SESSION_ID, "-Sandbox", TASK]]
-)
+MISSPELT = [["-sandbx", TASK], [TASK, "-sandbx"], ["--sandbox", TASK], ["-c", SESSION_ID, "-Sandbox", TASK]]
+MISSPELLINGS = [  # agent.py takes --sandbox as -sandbox (the test above)
+    (chapter, args) for chapter in PROGRAMS for args in MISSPELT if not (chapter == "final" and "--sandbox" in args)
+]
+
+
+@pytest.mark.parametrize(("chapter", "args"), MISSPELLINGS)
 def test_a_misspelt_flag_is_a_usage_error(chapter, args: list[str], provider: FakeProvider, tmp_path: Path) -> None:
     layout = make_layout(tmp_path)
     result = run(chapter, layout, provider, *args)
@@ -794,7 +845,7 @@ def test_stand_ins_and_the_temporary_directory_go_at_exit(chapter, tmp_path: Pat
         out = results(fp)
     assert out["ls"].split() == sorted(CONTROL_FILES)  # every control path is there while the run lasts
     assert "Read-only file system" in out["standin"] and out["standin"].endswith("refused\n")
-    temporary = private_tmp(result.stderr, layout)
+    temporary = private_tmp(result.stderr, layout, chapter)
     assert out["tmp"] == f"{temporary}\n"
     assert listing(layout.work) == [".git", ".sessions", "CLAUDE.md"]  # .sessions holds the session: it stays
     assert (layout.work / "CLAUDE.md").read_bytes() == b""
