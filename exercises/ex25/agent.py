@@ -1981,7 +1981,7 @@ def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | No
                 file=sys.stderr,
             )
             outcome = turn(client, session, window, "\n\n".join(steers), "steer")
-        elif queued := taken("queued")[:1]:
+        elif queued := taken("queued", first=True):  # one at a time: a Ctrl-C in it drops the others
             print("[starting the queued line]", file=sys.stderr)
             outcome = turn(client, session, window, queued[0], "queued")
         else:
@@ -2021,11 +2021,12 @@ def next_event() -> tuple[str, object]:
             return EVENTS.get(timeout=0.1)
 
 
-def taken(origin: str) -> list[str]:
-    """Take the inbox's lines of this origin, in order."""
+def taken(origin: str, first: bool = False) -> list[str]:
+    """Take the inbox's lines of this origin, in order: all of them, or the first."""
     with INBOX_LOCK:
-        lines = [text for kind, text in INBOX if kind == origin]
-        INBOX[:] = [(kind, text) for kind, text in INBOX if kind != origin]
+        indexes = [index for index, (kind, _) in enumerate(INBOX) if kind == origin][: 1 if first else None]
+        lines = [INBOX[index][1] for index in indexes]
+        INBOX[:] = [item for index, item in enumerate(INBOX) if index not in indexes]
     return lines
 
 
