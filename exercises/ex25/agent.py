@@ -2105,11 +2105,11 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             exiting = True
             stop_all()
         elif kind == "line" and value:
-            origin = "queued" if value.startswith(QUEUED) else "steer"
+            waits_as = "queued" if value.startswith(QUEUED) else "steer"
             with INBOX_LOCK:
-                INBOX.append((origin, value.removeprefix(QUEUED).strip() if origin == "queued" else value))
-            where = "runs as its own turn after this one" if origin == "queued" else "goes in before the next request"
-            print(f"\n[{origin}: {where}]", file=sys.stderr)
+                INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
+            where = "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
+            print(f"\n[{waits_as}: {where}]", file=sys.stderr)
             if questions:  # a line that is no answer leaves the question up
                 show(questions[0][0])
     if STOPPING.is_set():
