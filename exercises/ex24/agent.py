@@ -1908,18 +1908,20 @@ def main() -> None:
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     try:
         start_servers(registry, int(timeout))
-        run(client, session, window, task)
+        status = run(client, session, window, task)
     except KeyboardInterrupt:  # what is complete is on disk: each step is saved as it ends
         print(f"\ninterrupted\n{hint}", file=sys.stderr)
         sys.exit(130)
     finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal; during a start too
         for server in SERVERS:
             server.stop()
-    print(hint, file=sys.stderr)
+    print(hint if task is not None else f"\n{hint}", file=sys.stderr)  # the conversation ends after its prompt
+    sys.exit(status)
 
 
-def run(client: openai.OpenAI, session: Session, window: int, task: str | None) -> None:
-    """The task as one turn, or without one a conversation: a turn for each line typed."""
+def run(client: openai.OpenAI, session: Session, window: int, task: str | None) -> int:
+    """The task as one turn, or without one a conversation: a turn for each line typed.
+    Returns the exit status."""
     child_tools = dict(registry.tools)  # the ones registered before sub_agent: a child cannot start one
     registry.register(
         SUB_AGENT, lambda args, call_id: sub_agent(args, call_id, client, session, child_tools), takes_call=True
@@ -1931,18 +1933,15 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         outcome = turn(client, session, window, task)
         if outcome == INTERRUPTED_TURN:
             raise KeyboardInterrupt
-        if outcome:
-            die(outcome)
-        return
+        return 1 if outcome else 0
     print("[one turn a line · /exit or Ctrl-D ends · Ctrl-C stops the turn]", file=sys.stderr)
     while True:
         print("\n> ", end="", file=sys.stderr, flush=True)
         line = sys.stdin.readline()  # a Ctrl-C here ends the conversation
         if not line or line.strip() in ("/exit", "/quit"):  # "": end of input, Ctrl-D
-            return print(file=sys.stderr)
+            return 0
         if line.strip():
-            outcome = turn(client, session, window, line.strip())
-            print(f"error: {outcome}" if outcome and outcome != INTERRUPTED_TURN else "", end="", file=sys.stderr)
+            turn(client, session, window, line.strip())
 
 
 INTERRUPTED_TURN = "interrupted by the user"
@@ -1982,6 +1981,8 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str) -> str
         session.save()
         if outcome[0] == INTERRUPTED_TURN:
             print("[turn interrupted; the conversation is kept]", file=sys.stderr)
+        else:
+            print(f"error: {outcome[0]}", file=sys.stderr)
     resume_after_stop()
     return outcome[0]
 

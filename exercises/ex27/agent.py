@@ -1939,18 +1939,20 @@ def main() -> None:
     client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
     try:
         start_servers(registry, int(timeout))
-        run(client, session, window, task)
+        status = run(client, session, window, task)
     except KeyboardInterrupt:  # what is complete is on disk: each step is saved as it ends
         print(f"\ninterrupted\n{hint}", file=sys.stderr)
         sys.exit(130)
     finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal; during a start too
         for server in SERVERS:
             server.stop()
-    print(hint, file=sys.stderr)
+    print(hint if task is not None else f"\n{hint}", file=sys.stderr)  # the conversation ends after its prompt
+    sys.exit(status)
 
 
-def run(client: openai.OpenAI, session: Session, window: int, task: str | None) -> None:
-    """The task as one turn, or without one a conversation: a turn for each line typed."""
+def run(client: openai.OpenAI, session: Session, window: int, task: str | None) -> int:
+    """The task as one turn, or without one a conversation: a turn for each line typed.
+    Returns the exit status."""
     child_tools = dict(registry.tools)  # the ones registered before sub_agent: a child cannot start one
     registry.register(
         SUB_AGENT, lambda args, call_id: sub_agent(args, call_id, client, session, child_tools), takes_call=True
@@ -1962,9 +1964,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         outcome = turn(client, session, window, task)
         if outcome == INTERRUPTED_TURN:
             raise KeyboardInterrupt
-        if outcome:
-            die(outcome)
-        return
+        return 1 if outcome else 0
     registry.register(SCHEDULE_WAKEUP, schedule_wakeup)  # after sub_agent: a child has no conversation to wake
     WAKER.session = GOALS.session = session
     registry.register(GET_GOAL, lambda args: GOALS.report())
@@ -1982,12 +1982,12 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         WAKER.turn_ended()
         if outcome == EXIT or INPUT_CLOSED.is_set() and EVENTS.empty():
             GOALS.pause_if_active("the input has ended: nobody is here to watch it")
-            return print(file=sys.stderr)
+            return 0
         if goal_context := GOALS.continuation():  # before waiting for a person
             print("\n[goal still active; continuing automatically; /goal pause stops it]", file=sys.stderr)
             outcome = turn(client, session, window, goal_context, "goal")
             if outcome == EXIT:
-                return print(file=sys.stderr)
+                return 0
             continue
         print("\n> ", end="", file=sys.stderr, flush=True)
         try:
@@ -2002,7 +2002,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
             continue
         if kind == "eof" or line in ("/exit", "/quit"):
             GOALS.pause_if_active("the input has ended: nobody is here to watch it")
-            return print(file=sys.stderr)
+            return 0
         if kind == "line":
             GOALS.person_spoke()
         if kind == "line" and is_goal_command(line):
@@ -2014,7 +2014,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         elif line.removeprefix(QUEUED).strip():  # at the prompt, a /q line runs now
             outcome = turn(client, session, window, line.removeprefix(QUEUED).strip())
         if outcome == EXIT:
-            return print(file=sys.stderr)
+            return 0
 
 
 def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | None:
@@ -2523,7 +2523,9 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
         session.save()
         if outcome[0] == INTERRUPTED_TURN:
             print("[turn interrupted; the conversation is kept]", file=sys.stderr)
-        elif origin == "goal":  # a failing continuation would fail again at once
+        else:
+            print(f"error: {outcome[0]}", file=sys.stderr)
+        if origin == "goal" and outcome[0] != INTERRUPTED_TURN:  # a failing continuation would fail again at once
             GOALS.pause_if_active(f"the turn failed: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
     GOALS.turn_ended()
