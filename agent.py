@@ -34,6 +34,7 @@ import json
 import math
 import mmap
 import os
+import queue
 import re
 import select
 import selectors
@@ -48,7 +49,7 @@ import threading
 import time
 import unicodedata
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -502,6 +503,8 @@ def approved(command: str, wants: str = "run", who: str = "") -> bool:
     parallel ask too: one question at a time, each saying who asks (the thread's
     ASKER), and only what is typed after a question can answer it."""
     who = who or (f"{ASKER.name} wants" if getattr(ASKER, "name", None) else "the model wants")
+    if LINES_ANSWER.is_set():  # the conversation's reader has the terminal: the main thread asks
+        return asked(f"{who} to {wants}: {visible(command)}")
     with ASKING:
         if STOPPING.is_set():  # the run is stopping: no more questions, each one refused
             return False
@@ -827,6 +830,8 @@ def bash(args: dict) -> str:
         return "error: permission denied — the user did not approve this command"
     tail, total, status = run_command(args["command"], timeout)
     output = shown(tail, total)
+    if STOPPING.is_set():  # a Ctrl-C killed it, not the clock
+        return f"error: interrupted by the user; the command was killed. Output so far:\n{output}"
     if status is None:
         return f"error: command exceeded {timeout} s and was killed. Output before the kill:\n{output}"
     if status != 0:  # not a tool failure: information the model needs
@@ -1425,11 +1430,25 @@ class Session:
         self.skills: list[str] = []  # the skills its system prompt lists, recorded in its header
         self.links: dict[str, str] = {}  # a subagent's: its parent, the call that started it, its description
         self.sandboxed = False  # whether it was started with -sandbox, recorded in its header
+        self.origins: dict[int, str] = {}  # id() of a message nobody typed: where it came from
+        self.state: dict = {}  # the last "wakeup" and "goal" records read back, if any
+        self.lock = threading.Lock()  # a wake-up's or a goal's record may come from another thread
+
+    def add(self, text: str, origin: str = "") -> None:
+        """A user message; origin ("steer", "queued", "wakeup", "goal") says who put it there, in
+        its record beside the message, never inside it: what the model is sent stays plain."""
+        self.history.append(message := {"role": "user", "content": text})
+        if origin:
+            self.origins[id(message)] = origin
+
+    def record(self, message: dict) -> dict:
+        origin = self.origins.pop(id(message), None)
+        return {"type": "message", "message": message, **({"origin": origin} if origin else {})}
 
     def save(self) -> None:
         """Append history[saved:]: one write of whole lines, then fsync. The cost
         depends on what is new, never on how long the conversation is."""
-        data = b"".join(record_line({"type": "message", "message": m}) for m in self.history[self.saved :])
+        data = b"".join(record_line(self.record(m)) for m in self.history[self.saved :])
         if self.size == 0:  # a new file, or one whose creation was cut short: the header goes in the same write
             created_at = datetime.now().astimezone().isoformat(timespec="seconds")
             header = {"type": "meta", "id": self.id, "created_at": created_at, "version": 1, "skills": self.skills}
@@ -1439,27 +1458,35 @@ class Session:
         self.append(data)
         self.saved = len(self.history)
 
+    def remember(self, record: dict) -> None:
+        """Append a wake-up's or a goal's record; the last of each kind is carried by every compaction."""
+        self.append(record_line(record))
+        self.state[record["type"]] = record
+
     def compact(self, summary: str, kept: int) -> None:
         """Replace all but the system prompt and the last `kept` messages by a summary.
         On disk this is one more appended record: the folded messages stay in the
-        file, and a crash at any byte leaves the session as before or as after."""
-        self.append(record_line({"type": "compaction", "summary": summary, "kept": kept}))
+        file, and a crash at any byte leaves the session as before or as after. It
+        carries the state records in force, so that a resume need not look behind it."""
+        carried = list(self.state.values())
+        self.append(record_line({"type": "compaction", "summary": summary, "kept": kept, "carried": carried}))
         self.history[:] = folded(self.history, summary, kept)
         self.saved = len(self.history)
 
     def append(self, data: bytes) -> None:
         if not data:
             return
-        try:
-            view = memoryview(data)
-            while view:  # one write() for a regular file; the loop only guards a short write
-                view = view[os.write(self.fd, view) :]
-            os.fsync(self.fd)  # on the disk, not only in the kernel's cache
-        except OSError as error:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, self.size)  # take back a half-written batch
-            raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from error
-        self.size += len(data)
+        with self.lock:
+            try:
+                view = memoryview(data)
+                while view:  # one write() for a regular file; the loop only guards a short write
+                    view = view[os.write(self.fd, view) :]
+                os.fsync(self.fd)  # on the disk, not only in the kernel's cache
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self.fd, self.size)  # take back a half-written batch
+                raise Failure(f"cannot save session {self.id}: {error.strerror or error}") from error
+            self.size += len(data)
 
 
 def folded(history: list[dict], summary: str, kept: int) -> list[dict]:
@@ -1520,25 +1547,33 @@ def open_session(wanted: str) -> Session:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Failure(f"cannot open session {session_id}: not a regular file")
         lock(fd, session_id)  # before reading: another run may be appending right now
-        with open(fd, "rb", closefd=False) as file:
-            data = file.read()
+        # Mapped, not read: a resume looks at the part it sends, and a long file costs only that.
+        data = mapped(fd)
         tail = data[data.rfind(b"\n") + 1 :]  # after the last newline: nothing, or a write cut short
         if tail and not torn(tail):  # a whole record whose newline is missing (a hand edit), or blanks: keep it
             os.write(fd, b"\n")
-            data += b"\n"
         elif tail:
             # The book drops the torn line only in memory. The next save would then
             # glue a record onto it, and that line would be lost as well.
-            data = data[: -len(tail)]
-            os.ftruncate(fd, len(data))
+            data.close()  # a mapping past the end of a file cut shorter must not be touched
+            os.ftruncate(fd, os.fstat(fd).st_size - len(tail))
             os.fsync(fd)
             print(
                 f"warning: dropped an incomplete last line ({len(tail)} bytes) left by an interrupted write",
                 file=sys.stderr,
             )
+        if tail:
+            data.close()
+            data = mapped(fd)
+        history, damaged, state = read_back(data)
+        header = parsed(
+            data[: data.find(b"\n") + 1]
+        )  # line 1; an older one lists no skills, a hand-edited one anything
+        whole_file = not damaged and data.find(COMPACTION_RECORD) < 0
+        tokens = len(data) // 4 if whole_file else estimate([history])
+        data.close()
     except OSError as error:
         raise Failure(f"cannot open session {session_id}: {error.strerror or error}") from None
-    history, damaged = parse_session(data)
     if damaged:
         numbers = ", ".join(map(str, damaged[:10])) + (", …" if len(damaged) > 10 else "")
         print(
@@ -1546,7 +1581,7 @@ def open_session(wanted: str) -> Session:
         )
     session = Session(session_id, history, fd)
     session.saved = len(history)
-    header = parsed(data[: data.find(b"\n") + 1])  # line 1; an older one lists no skills, a hand-edited one anything
+    session.state = state
     listed = header.get("skills") if isinstance(header, dict) and header.get("type") == "meta" else None
     session.skills = [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
     session.sandboxed = isinstance(header, dict) and header.get("type") == "meta" and header.get("sandbox") is True
@@ -1554,8 +1589,101 @@ def open_session(wanted: str) -> Session:
     # tenth of loading it; its lines' bytes, 4 to a token, say as much. (A CJK character
     # is 3 bytes and about two thirds of a token: close enough.) Not when the file holds
     # more than the history: folded messages, damaged lines.
-    session.tokens = len(data) // 4 if not damaged and COMPACTION_RECORD not in data else estimate([history])
+    session.tokens = tokens
     return session
+
+
+class Empty(bytes):
+    """An empty file's stand-in for a mapping (a file of 0 bytes cannot be mapped)."""
+
+    def close(self) -> None:
+        pass
+
+
+def mapped(fd: int) -> mmap.mmap | Empty:
+    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else Empty()
+
+
+COMPACTION_LINE = b'\n{"type": "compaction"'  # a compaction record as ours are written, at a line's start
+
+
+def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
+    """(history, numbers of damaged lines, the last wake-up and goal records) of a session
+    file's complete lines. A compacted session is read back from its last compaction: the
+    system prompt, that record and what follows it, the messages it kept (which may reach
+    back across earlier compactions), and the last state records. That is the part a resume
+    sends, and it costs that, not the file. Damage is looked for there only; the folded
+    part is -list's to scan. Anything the walk back cannot make sense of: the whole file."""
+    state: dict = {}
+    last = data.rfind(COMPACTION_LINE)
+    record = parsed(data[last + 1 : data.find(b"\n", last + 1)]) if last >= 0 else None
+    kept = record.get("kept") if isinstance(record, dict) and isinstance(record.get("summary"), str) else None
+    walked = walk_back(data, last + 1, kept) if type(kept) is int and kept >= 0 else None
+    system = next((m for m in first_messages(data, last + 1)), None)
+    if walked is None or system is None or (kept and walked[0][0]["role"] not in ("user", "assistant")):
+        history, damaged = parse_session(data[:], state)  # uncompacted, or written by another hand
+        return history, damaged, state
+    messages, damaged_at = walked
+    after = data.find(b"\n", last + 1) + 1  # the line after the last compaction
+    live, damaged = parse_session(data[after:], state, first=0)
+    history = folded([system], record["summary"], 0) + messages + live
+    carried = record.get("carried")  # the state in force when it was written; older ones carry none
+    for found in carried if isinstance(carried, list) else []:
+        if isinstance(found, dict) and valid_state(found) and found["type"] not in state:
+            state[found["type"]] = found
+    for kind in ("wakeup", "goal") if not isinstance(carried, list) else ():  # found behind it, then
+        end = last + 1
+        while kind not in state and (at := data.rfind(b'\n{"type": "' + kind.encode() + b'"', 0, end)) >= 0:
+            if isinstance(found := parsed(data[at + 1 : data.find(b"\n", at + 1)]), dict) and valid_state(found):
+                state[kind] = found
+            end = at
+    if damaged or damaged_at:  # numbered as the lines of the file: counted only now, when one is named
+        base = data[:after].count(b"\n") + 1
+        damaged = sorted([data[:at].count(b"\n") + 1 for at in damaged_at] + [base + n for n in damaged])
+    return history, damaged, state
+
+
+def first_messages(data: mmap.mmap | bytes, end: int) -> Iterator[dict]:
+    """The message records from line 2 on, before offset end: the first is the system prompt."""
+    start = data.find(b"\n") + 1
+    while 0 < start < end:
+        line_end = data.find(b"\n", start)
+        record = parsed(data[start:line_end])
+        if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
+            yield record["message"]
+        start = line_end + 1
+
+
+def walk_back(data: mmap.mmap | bytes, end: int, need: int) -> tuple[list[dict], list[int]] | None:
+    """The last `need` messages of the history the lines before offset end make, in order,
+    and the offsets of the damaged lines passed on the way; None if they cannot be found.
+    A compaction on the way made the history [system, its summary, the messages it kept]:
+    what is still needed comes from what it kept, then perhaps its summary, never further."""
+    found: list[dict] = []  # newest first
+    summaries: list[tuple[int, dict]] = []  # (how many found when it is due, the summary message)
+    damaged: list[int] = []
+    while True:
+        while summaries and len(found) == summaries[-1][0]:
+            found.append(summaries.pop()[1])
+        if len(found) >= need:
+            return found[::-1], damaged
+        if end <= 1:  # the file's start: this compaction kept more than there was
+            return None
+        begin = data.rfind(b"\n", 0, end - 1) + 1
+        line, end = data[begin : end - 1], begin
+        record = parsed(line) if line.strip() else {}
+        kind = record.get("type") if isinstance(record, dict) else None
+        if kind == "message" and well_formed(record.get("message")):
+            found.append(record["message"])
+        elif kind == "compaction":
+            # Still wanted from before it: up to the summary due next (then nothing older is), or all.
+            kept, wanted = record.get("kept"), (summaries[-1][0] if summaries else need) - len(found)
+            if type(kept) is not int or not isinstance(record.get("summary"), str) or wanted > kept + 1:
+                return None
+            if wanted == kept + 1:  # its summary too, once what it kept is found
+                summaries.append((len(found) + kept, folded([{}], record["summary"], 0)[1]))
+        elif line.strip() and not (begin == 0 and kind == "meta") and kind not in ("wakeup", "goal"):
+            damaged.append(begin)
 
 
 def find_session(wanted: str) -> str:
@@ -1625,19 +1753,29 @@ def torn(tail: bytes) -> bool:
     return bool(tail.strip()) and not isinstance(parsed(tail), dict)
 
 
-def parse_session(data: bytes) -> tuple[list[dict], list[int]]:
-    """(messages, numbers of damaged lines) of the complete lines in data. Split on \\n only:
+def parse_session(data: bytes, state: dict | None = None, first: int = 1) -> tuple[list[dict], list[int]]:
+    """(messages, numbers of damaged lines) of the complete lines in data, the first being
+    line `first`; the last wake-up and goal records go into state. Split on \\n only:
     str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
-    messages, damaged = [], []
-    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+    messages, damaged, state = [], [], {} if state is None else state
+    for number, line in enumerate(data.split(b"\n")[:-1], start=first):
         record = parsed(line)
         if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
             messages.append(record["message"])
         elif isinstance(record, dict) and record.get("type") == "compaction" and valid_compaction(record, messages):
             messages = folded(messages, record["summary"], record["kept"])  # replayed as it happened
+        elif isinstance(record, dict) and valid_state(record):
+            state[record["type"]] = record  # the last of each kind holds: every change appends one
         elif line.strip() and not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
     return messages, damaged
+
+
+def valid_state(record: dict) -> bool:
+    """A wake-up or goal record as this program writes it (see Waker and Goals)."""
+    if record.get("type") == "wakeup":
+        return type(record.get("armed")) is bool and all(isinstance(record.get(k), str) for k in ("prompt", "reason"))
+    return record.get("type") == "goal" and valid_goal(record.get("goal"))
 
 
 def valid_compaction(record: dict, history: list[dict]) -> bool:
@@ -1740,7 +1878,7 @@ def list_sessions() -> None:
 # -list looks at the first bytes of each line, not at records: a quote inside a
 # JSON string is always escaped, so these can only match the start of a record.
 # The optional space: ours writes '{"type": "message"', the book's Go edition '{"type":"message"'.
-RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta)"')
+RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta|wakeup|goal)"')
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
 
@@ -1793,7 +1931,7 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
     without a newline, which is torn only if a resume would cut it. A line
     damaged inside (bad JSON, bytes that are not UTF-8) is the loader's to find:
     a resume names it by number."""
-    count, compacted, damaged, torn_tail, created, prompt = 0, False, False, False, "?", ""
+    count, compacted, damaged, torn_tail, created, prompt = 0, 0, False, False, "?", ""
     start = 0
     while start < len(data):
         end = data.find(b"\n", start)
@@ -1809,14 +1947,16 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
             if not prompt and (not match or USER_ROLE.search(data, start, min(end, start + 64))):
                 prompt = first_words(data[start:end])
         elif kind == b"compaction":
-            compacted = True
+            compacted += 1
         elif kind == b"meta" and start == 0:
             with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                 created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
         elif data[start:end].strip():  # a blank line is no damage; a header further down is
             damaged = True
         start = end + 1
-    marks = ["compacted"] if compacted else []  # not damage, but a mark of the same kind: the count is of the file
+    # Not damage, but a mark of the same kind: the count is of the file, and a resume reads
+    # only what follows the last compaction (and what it kept): damage before is not its to find.
+    marks = [f"compacted ×{compacted}"] if compacted else []
     marks += (["damaged lines"] if damaged else []) + (["torn tail"] if torn_tail else [])
     return count, marks, created, prompt
 
@@ -1825,7 +1965,7 @@ def kind_of(line: bytes) -> bytes | None:
     """The kind of a record RECORD_KIND does not recognize, as the loader reads it; None if it is no record."""
     record = parsed(line) if line.strip() else None
     kind = record.get("type") if isinstance(record, dict) else None
-    return kind.encode() if kind in ("message", "compaction", "meta") else None
+    return kind.encode() if kind in ("message", "compaction", "meta", "wakeup", "goal") else None
 
 
 def first_words(line: bytes) -> str:
@@ -1986,6 +2126,7 @@ def summarize(client: openai.OpenAI, messages: list[dict], window: int, carried:
         ),
         "summary request",
     )
+    GOALS.account(getattr(response, "usage", None))  # compaction is part of the work
     choices = getattr(response, "choices", None)
     summary = (
         getattr(getattr(choices[0], "message", None), "content", None)
@@ -2202,6 +2343,7 @@ def stream_turn(
         call["function"]["arguments"] = redact(paired(call["function"]["arguments"]))
     if calls:
         message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    GOALS.account(usage)  # a child's request too: a goal's budget counts what its work costs
     return message, finish_reason, usage
 
 
@@ -2238,6 +2380,7 @@ DIM, UNDIM = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() and not os.environ.ge
 def think(text: str) -> None:
     """Print a piece of the model's reasoning on stderr: stdout stays the answer alone."""
     if text:
+        hold_status_lines(True, "answer")
         print(f"{DIM}{text}{UNDIM}", end="", file=sys.stderr, flush=True)
 
 
@@ -2246,6 +2389,7 @@ def end_thought(reasoning: str, shown: int | None) -> None:
     if shown is not None:
         think(safe(redact(paired(reasoning[shown:]))))
         print(file=sys.stderr, flush=True)
+        hold_status_lines(False, "answer")
 
 
 def held_back(text: str) -> int:
@@ -2285,7 +2429,7 @@ def retried(make_request: Callable[[], object], who: str = "") -> object:
         if STOPPING.is_set():  # a child the stop caught between two requests makes no more
             raise Failure("interrupted: the run is stopping")
         try:
-            return make_request()
+            return stoppable_call(make_request)  # a stop need not wait for the server's first byte
         except openai.APIStatusError as error:  # not a connection refused: a server that is not there, fails at once
             wait = retry_wait(error, attempt)
             asked = asked_wait(error.response.headers) if error.status_code in RETRIED else None
@@ -2420,6 +2564,8 @@ def show(text: str) -> None:
     except OSError as error:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         print(f"warning: stdout failed ({error.strerror or error}); the answer is kept in the session", file=sys.stderr)
+    if text:
+        hold_status_lines(not text.endswith("\n"), "answer")
 
 
 def cached_tokens(usage: object) -> int:
@@ -2455,8 +2601,8 @@ def run_tools(tools: Registry, message: dict, finish_reason: str, label: str, sa
         name, raw_arguments = call["function"]["name"], call["function"]["arguments"]
         if cut_off:
             result = CUT_OFF
-        elif STOPPING.is_set():  # a Ctrl-C stopped a workflow earlier in the batch: nothing more runs
-            result = INTERRUPTED
+        elif STOPPING.is_set():  # a Ctrl-C: nothing more of the batch runs
+            result = NOT_RUN
         else:
             say(f"[{label}] {safe(name, 60)}({safe(raw_arguments, 300)})")
             result = tools.run(name, raw_arguments, call["id"])
@@ -2654,23 +2800,26 @@ def workflow(args: dict, call_id: str, client: openai.OpenAI, parent: Session, t
 
 
 # ---- fan-out: children in parallel, stopped together ----
-# Threads, one per child, at most MAX_PARALLEL at once, and the watchdog's. Signals
-# reach only the main thread: on Ctrl-C (any stop signal) it stops every child, by
-# calling what each registered with stoppable() while it waits (a request's socket
-# shut, a command's group killed, a question woken); the children then end, and
-# their round is saved.
+# Threads: the turn's, one per child (at most MAX_PARALLEL at once), the watchdog's.
+# Signals reach only the main thread, which never runs a turn: on Ctrl-C (any stop
+# signal) it stops the turn and every child, by calling what each registered with
+# stoppable() while it waits (a request's socket shut, a command's group killed, a
+# question woken); they then end, and what they finished is saved.
 
 MAX_PARALLEL = 4  # children at once: the machine and the provider's rate limit set it
-STOPPING = threading.Event()  # set by a stop signal during a fan-out
+STOPPING = threading.Event()  # set by a stop signal: the turn, and every child, stops
 RUNNING: set[Callable[[], None]] = set()  # how to stop what each thread waits on now
 RUNNING_LOCK = threading.Lock()
 WAKE = os.pipe()  # written on a stop: a question waiting for its answer wakes up
+os.set_blocking(WAKE[0], False)  # emptied after a stop, without waiting
 ASKER = threading.local()  # the child this thread runs, so that its questions say so
 ASKING = threading.Lock()  # one question on the terminal at a time
 STATUS = threading.Lock()  # one status line written at a time, and HELD with them
 HELD: list[str] | None = None  # while a question is on the terminal: the status lines held back
+HOLDING: set[str] = set()  # why they are held: "question", "prompt", "answer"
 HELD_CAP = 200
 INTERRUPTED = "error: interrupted: the user stopped the run before this subagent finished"
+NOT_RUN = "error: not run: interrupted by the user"
 
 
 def say(line: str) -> None:
@@ -2688,11 +2837,17 @@ def say(line: str) -> None:
         sys.stderr.flush()
 
 
-def hold_status_lines(hold: bool) -> None:
-    """Start holding status lines back (a question goes up), or write what was held and stop."""
+def hold_status_lines(hold: bool, why: str = "question") -> None:
+    """Start holding status lines back, or stop and write what was held once nothing holds
+    them: a question is up, a line is being typed at the prompt, or the model's answer
+    (or reasoning) is in the middle of a line, which a status line would tear in two."""
     global HELD
     with STATUS:
-        held, HELD = HELD or [], [] if hold else None
+        (HOLDING.add if hold else HOLDING.discard)(why)
+        if HOLDING:
+            HELD = [] if HELD is None else HELD
+            return
+        held, HELD = HELD or [], None
         if held:
             sys.stderr.write("".join(line + "\n" for line in held))
             sys.stderr.flush()
@@ -2720,11 +2875,56 @@ def stop_all() -> None:
                 stop()
 
 
+def stoppable_call(call: Callable[[], object]) -> object:
+    """call(), on a thread of its own, so that a stop need not wait for it: a request can
+    wait minutes for the server's first byte, and until then it has no socket to shut.
+    What it returns after a stop is closed there; till then its thread is left behind."""
+    box, lock, abandoned = queue.SimpleQueue(), threading.Lock(), []
+
+    def work() -> None:
+        try:
+            result = call()
+        except BaseException as error:  # raised again by the thread that waits
+            result = error
+        with lock:  # a stream nobody will read is closed, not left open
+            if abandoned and hasattr(result, "close"):
+                with contextlib.suppress(Exception):
+                    result.close()
+            box.put(result)
+
+    def stop() -> None:
+        with lock:
+            abandoned.append(True)
+            box.put(Failure("interrupted: the run is stopping"))
+
+    thread = threading.Thread(target=work, daemon=True)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a signal is the main thread's, not its
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    stoppable(stop)
+    try:
+        result = box.get()
+    finally:
+        stopped(stop)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def resume_after_stop() -> None:
+    """After a stopped turn, the next one starts with nothing stopped."""
+    STOPPING.clear()
+    with contextlib.suppress(BlockingIOError):
+        while os.read(WAKE[0], 4096):
+            pass
+
+
 def in_parallel(jobs: list[Callable[[], str]]) -> list[str]:
     """Each job's result, in the jobs' order, run on threads, at most MAX_PARALLEL at once.
     After a stop signal the jobs that finished keep their results; the others are interrupted."""
     results, slots, threads = [INTERRUPTED] * len(jobs), threading.Semaphore(MAX_PARALLEL), []
-    ended = threading.Semaphore(0)  # released by each job as it ends: what the main thread waits on
 
     def work(index: int, job: Callable[[], str]) -> None:
         try:
@@ -2736,29 +2936,13 @@ def in_parallel(jobs: list[Callable[[], str]]) -> list[str]:
             results[index] = f"error: the subagent failed: {safe(str(error), 300)}"
         finally:
             slots.release()
-            ended.release()
 
-    def wait_all(seconds: float) -> None:
-        """Until every job started has ended, or `seconds`. Each wait is short: a signal the
-        kernel gave another thread is handled once the main thread runs Python again. And
-        not join(): before Python 3.13, a join a signal interrupted leaves a running thread
-        looking ended."""
-        deadline = time.monotonic() + seconds
-        while any(thread.is_alive() for thread in threads) and time.monotonic() < deadline:
-            ended.acquire(timeout=0.1)
-
-    try:
-        for index, job in enumerate(jobs):
-            while not slots.acquire(timeout=0.1):
-                pass
-            threads.append(threading.Thread(target=work, args=(index, job), daemon=True))
-            threads[-1].start()
-        wait_all(math.inf)
-    except KeyboardInterrupt:  # stop() ignores every later stop signal: the round is saved first
-        stop_all()
-        # They end at once now, but for a request whose reply has not started: it cannot be cut
-        # yet, and is left behind (daemon threads end with the program).
-        wait_all(2)
+    for index, job in enumerate(jobs):
+        slots.acquire()
+        threads.append(threading.Thread(target=work, args=(index, job), daemon=True))
+        threads[-1].start()
+    for thread in threads:  # after a stop signal, stop_all() has stopped what each waits on: they end at once
+        thread.join()
     return results
 
 
@@ -3129,13 +3313,569 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     return f"error: {text}" if result.get("isError") is True else text
 
 
+# ---- the terminal: one reader, and the main thread handles what happens in order ----
+# A thread reads the lines typed; the turn's thread (and a child's) asks its
+# questions; a wake-up's timer says it is due: all post events to one queue, which
+# the main thread takes in the order they happened. Signals reach only the main
+# thread, between two short waits for the next event. The main thread runs no turn.
+
+EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
+INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
+LINES_ANSWER = threading.Event()  # stdin is the terminal: a y typed after a question answers it
+INBOX: list[tuple[str, str]] = []  # (origin, text): a "steer", "wakeup" or "goal" for the turn, "queued" for after
+INBOX_LOCK = threading.Lock()
+QUEUED = "/q "  # the space too: "/quit" is no queued "uit"
+ANSWERS = {"y": True, "yes": True, "n": False, "no": False}
+INTERRUPTED_TURN = "interrupted by the user"
+EXIT = "the user typed /exit"
+ENDING: list[int] = []  # the signal that ends the agent (a kill, a closed terminal, Ctrl-\): not a Ctrl-C
+
+
+class Nudged(Exception):
+    """Raised at the prompt, inside readline, when something other than a line is due (a tick)."""
+
+
+class Keyboard:
+    """Who reads stdin: one reader at a time, its one owner. At the prompt, the main thread,
+    with readline: a line can be edited, and the arrows bring back earlier ones. During a
+    turn, a thread of its own, which posts each line to EVENTS (a steer, an answer, a
+    command). Without readline, or with input that is no terminal, that thread reads all
+    the time, and the prompt waits on EVENTS like the rest."""
+
+    def __init__(self) -> None:
+        self.readline = None  # the module, when the prompt uses it
+        self.changed = threading.Condition()
+        self.reading = True  # the thread's turn to read
+        self.parked = False  # the thread has stopped reading, and holds nothing back
+        self.carried = ""  # typed at the prompt (or into a line a turn did not see end): the next prompt starts with it
+        self.editing = False  # readline is reading a line: what its buffer holds was typed for it
+        self.history = 0  # readline's history length when the prompt began: one more, and the line was accepted
+
+    def start(self) -> None:
+        if sys.stdin is None:  # started with its input closed (<&-): nobody will type
+            INPUT_CLOSED.set()
+            return EVENTS.put(("eof", None))
+        if sys.stdin.isatty() and sys.stdout is not None and sys.stdout.isatty():  # input() uses readline only then
+            with contextlib.suppress(ImportError):  # a Python built without it: lines still work, unedited
+                import readline
+
+                self.readline, self.reading = readline, False
+                signal.signal(signal.SIGURG, self.nudged)
+        thread = threading.Thread(target=self.read, name="keyboard", daemon=True)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # signals are the main thread's
+        try:
+            thread.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def read(self) -> None:
+        """The thread: whole lines, as a terminal in its usual (canonical) mode hands them over."""
+        pending = b""
+        while True:
+            with self.changed:
+                if not self.reading:
+                    self.carried, pending, self.parked = self.carried + pending.decode(errors="replace"), b"", True
+                    self.changed.notify_all()
+                    self.changed.wait_for(lambda: self.reading)
+                    self.parked = False
+            if not select.select([sys.stdin.fileno()], [], [], 0.1)[0]:  # short: a stop to reading is seen soon
+                continue
+            try:
+                data = os.read(sys.stdin.fileno(), 65536)
+            except OSError:  # the terminal went away
+                data = b""
+            if not data:  # end of input: Ctrl-D, a closed pipe
+                with self.changed:
+                    self.parked = True
+                    self.changed.notify_all()
+                INPUT_CLOSED.set()
+                EVENTS.put(("eof", None))
+                return
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                EVENTS.put(("line", line.decode(errors="replace").strip()))
+
+    def turn_starts(self) -> None:
+        with self.changed:
+            self.reading = True
+            self.changed.notify_all()
+
+    def prompt(self) -> tuple[str, object]:
+        """The next event at the prompt: a line typed, or whatever came first."""
+        if not self.readline:
+            sys.stderr.write("\n> ")
+            sys.stderr.flush()
+            return next_event()
+        with self.changed:  # the thread stops, and hands over what it held
+            self.reading = False
+            self.changed.wait_for(lambda: self.parked)
+        with contextlib.suppress(queue.Empty):  # what it posted before it stopped comes first
+            return EVENTS.get_nowait()
+        if INPUT_CLOSED.is_set():
+            return "eof", None
+        carried, self.carried = self.carried, ""
+
+        def started() -> None:  # readline has begun this line: its buffer is what is typed now
+            self.editing = True
+            if carried:
+                self.readline.insert_text(carried)
+                self.readline.redisplay()
+
+        self.readline.set_pre_input_hook(started)
+        self.editing, self.history = False, self.readline.get_current_history_length()
+        sys.stderr.write("\n")
+        hold_status_lines(True, "prompt")  # a line from a thread would tear the one being typed: it waits
+        try:
+            PROMPTING.set()  # inside the try: a nudge may come at once
+            return "line", input("> ").strip()
+        except EOFError:
+            INPUT_CLOSED.set()
+            return "eof", None
+        except Nudged:
+            return next_event()
+        finally:
+            PROMPTING.clear()
+            hold_status_lines(False, "prompt")
+
+    def nudged(self, number: int, frame: object) -> None:
+        """SIGURG, sent by nudge(): leave readline, keeping what was typed, unless the line
+        was accepted already (readline added it to the history: input() is returning it)."""
+        if PROMPTING.is_set() and self.readline.get_current_history_length() == self.history:
+            if self.editing:
+                self.carried = self.readline.get_line_buffer()
+            raise Nudged
+
+
+KEYBOARD = Keyboard()
+
+
+def next_event() -> tuple[str, object]:
+    """The next event; waits are short so that a signal is handled at once."""
+    while True:
+        with contextlib.suppress(queue.Empty):
+            return EVENTS.get(timeout=0.1)
+
+
+def taken(*origins: str, first: bool = False) -> list[tuple[str, str]]:
+    """Take the inbox's (origin, text) of these origins, in order: all of them, or the first."""
+    with INBOX_LOCK:
+        indexes = [index for index, (kind, _) in enumerate(INBOX) if kind in origins][: 1 if first else None]
+        lines = [INBOX[index] for index in indexes]
+        INBOX[:] = [item for index, item in enumerate(INBOX) if index not in indexes]
+    return lines
+
+
+def asked(question: str) -> bool:
+    """A turn's thread (or a child's) puts its question to the main thread, which shows
+    it when no other is up, and waits for the answer; a stop answers no."""
+    reply: queue.SimpleQueue = queue.SimpleQueue()
+    EVENTS.put(("ask", (question, reply)))
+    stoppable(stop := lambda: reply.put(False))
+    try:
+        return reply.get()
+    finally:
+        stopped(stop)
+
+
+def show_question(question: str) -> None:
+    # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+    sys.stderr.write(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ")
+    sys.stderr.flush()
+
+
+PROMPTING = threading.Event()  # the main thread waits for a line at the prompt, in readline
+
+
+def nudge() -> None:
+    """Wake the main thread if it waits at the prompt: a tick must not wait for a line."""
+    if PROMPTING.is_set():
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
+
+
+def ignore_stop_signals() -> None:
+    """From now on the agent is ending: no signal may cut short what it saves and stops."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+
+
+# ---- wake-ups: the model schedules its own next turn ----
+# One timer at most; a new wake-up replaces the old. Every arm and cancel starts a
+# new generation, and a tick of an older one is dropped wherever it waits (in its
+# timer's thread, in the event queue): a replaced or cancelled wake-up never fires.
+
+# For tests only, two variables lower the book's numbers: a wake-up at least 5 s away, a loop 30 min long.
+MIN_DELAY = int(seconds_from("AGENT_TEST_WAKEUP_MIN_DELAY", 5) or 5)
+LIFETIME = int(seconds_from("AGENT_TEST_WAKEUP_LIFETIME", 1800) or 1800)
+REMINDER = (
+    "<system-reminder>Your scheduled wake-up is due: treat what follows as if the user had just said it, "
+    "and continue.</system-reminder>\n\n"
+)
+SCHEDULE_WAKEUP = {
+    "type": "function",
+    "function": {
+        "name": "schedule_wakeup",
+        "description": (
+            "Wake yourself later in this conversation: after delay_seconds, prompt starts a new turn (or, if a "
+            "turn runs then, goes into it). Once, or with repeat every delay_seconds. One wake-up at a time: a "
+            "new one replaces the old. To end a loop, do not schedule again; cancel: true stops it at once."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "delay_seconds": {"type": "integer", "description": f"seconds from now, at least {MIN_DELAY}"},
+                "prompt": {"type": "string", "description": "what to tell yourself then, complete in itself"},
+                "reason": {"type": "string", "description": "why, in a few words: the user sees it"},
+                "repeat": {"type": "boolean", "description": "again every delay_seconds, until cancelled"},
+                "cancel": {"type": "boolean", "description": "cancel the pending wake-up instead"},
+            },
+            "required": [],
+        },
+    },
+}
+PROMPT_CAP = 4 * 1024  # characters of a wake-up's prompt: it is sent again at every tick
+
+
+class Waker:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.generation = 0  # bumped by every arm and cancel: a tick of another generation is stale
+        self.started: float | None = None  # when this loop began: its lifetime counts from there
+        self.waiting = False  # a tick waits in the event queue: a second one would only repeat it
+        self.session: Session | None = None
+
+    def arm(self, delay: int, prompt: str, reason: str, repeat: bool) -> str:
+        with self.lock:
+            self.started = self.started or time.monotonic()
+            left = self.started + LIFETIME - time.monotonic()
+            if left < 1:
+                self.stop()
+                return f"error: this wake-up loop has reached its lifetime of {LIFETIME} s and has ended"
+            self.stop(keep_lifetime=True)  # replace, never stack
+            delay = min(delay, int(left))  # no wake-up outlives the loop's lifetime
+            self.start(delay, prompt, reason, repeat)
+        self.record(True, prompt, reason)
+        say(f"[wake-up scheduled: {'every' if repeat else 'in'} {delay} s ({safe(reason, 80)})]")
+        return f"scheduled in {delay} s{', repeating' if repeat else ''}; you may end this turn"
+
+    def start(self, delay: float, prompt: str, reason: str, repeat: bool) -> None:
+        self.timer = threading.Timer(delay, self.fire, (self.generation, delay, prompt, reason, repeat))
+        self.timer.daemon = True
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # signals are the main thread's
+        try:
+            self.timer.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def stop(self, keep_lifetime: bool = False) -> None:
+        if self.timer:
+            self.timer.cancel()
+        self.timer, self.waiting, self.generation = None, False, self.generation + 1
+        if not keep_lifetime:
+            self.started = None
+
+    def fire(self, generation: int, delay: float, prompt: str, reason: str, repeat: bool) -> None:
+        """In the timer's thread: the tick goes to the event queue, unless it is stale or one waits."""
+        with self.lock:
+            if generation != self.generation:  # replaced or cancelled while this thread waited for the lock
+                return
+            self.timer = None
+            left = self.started + LIFETIME - time.monotonic()
+            if repeat and left >= 1:  # again before this tick is handled: the pace does not wait for turns
+                self.start(min(delay, left), prompt, reason, repeat)
+            ended, post, self.waiting = not self.timer, not self.waiting, True  # one tick waits, never two
+        if ended:
+            self.record(False, prompt, reason)
+        if ended and repeat:  # the lifetime, not the model, ended it: both are told
+            say(f"[wake-up loop ended: it reached its lifetime of {LIFETIME} s]")
+            prompt += f"\n\n(This was the last wake-up of this loop: it reached its lifetime of {LIFETIME} s.)"
+        if post:
+            EVENTS.put(("tick", (generation, prompt)))
+            nudge()
+
+    def armed(self) -> bool:
+        return self.timer is not None
+
+    def due(self, generation: int) -> bool:
+        """Whether a tick taken from the queue still counts: its wake-up was not replaced or cancelled."""
+        with self.lock:
+            if generation != self.generation:
+                return False
+            self.waiting = False
+            return True
+
+    def cancel(self) -> bool:
+        """Cancel the pending wake-up; whether there was one."""
+        with self.lock:
+            pending = self.timer is not None
+            self.stop()
+        if pending:
+            self.record(False, "", "cancelled")
+        return pending
+
+    def turn_ended(self) -> None:
+        with self.lock:
+            if self.timer is None:  # the loop ended by itself: a new one gets its whole lifetime
+                self.started = None
+
+    def record(self, armed: bool, prompt: str, reason: str) -> None:
+        """An appended record: a resume says which wake-up the end of the process dropped."""
+        if self.session:
+            with contextlib.suppress(Failure):  # a full disk: the wake-up still works, the resume will not know
+                self.session.remember({"type": "wakeup", "armed": armed, "prompt": prompt, "reason": reason})
+
+
+WAKER = Waker()
+
+
+def schedule_wakeup(args: dict) -> str:
+    if args.get("cancel") is True:
+        WAKER.cancel()
+        say("[wake-up loop cancelled]")
+        return "cancelled: no wake-up is pending now"
+    prompt, delay, reason = args.get("prompt"), args.get("delay_seconds", MIN_DELAY), args.get("reason", "")
+    if not isinstance(prompt, str) or not prompt.strip():
+        return "error: prompt is empty; say what you will need to know when you wake"
+    if len(prompt) > PROMPT_CAP:
+        return f"error: prompt is longer than {PROMPT_CAP:,} characters; it is sent at every wake-up: shorten it"
+    if type(delay) is not int or delay > 10**9:
+        return "error: delay_seconds must be a whole number of seconds"
+    return WAKER.arm(max(delay, MIN_DELAY), prompt, str(reason)[:200], args.get("repeat") is True)
+
+
+# ---- the goal: what the session works toward, turn after turn ----
+# The tools' shapes say who may do what: the model creates a goal (when the user
+# asks) and marks it complete or blocked; the person pauses, resumes and clears it
+# with /goal; the code sets budget_limited. Every change is an appended record.
+
+STATUSES = ("active", "paused", "blocked", "budget_limited", "complete")
+OBJECTIVE_CAP = 4 * 1024  # characters: every continuation's message carries the objective
+MAX_CONTINUATIONS = 20  # turns in a row that start themselves: then the goal waits for a person
+WRAP_UP_GOAL = (
+    "The goal's token budget is used up. Start nothing new: say what is done and what is left. "
+    "Do not mark it complete unless it truly is."
+)
+GOAL_USAGE = "usage: /goal (show it) | /goal pause | /goal resume | /goal clear"
+GOAL_RULES = """\
+- Do not make the goal smaller than it is, and do not call a part of it the whole.
+- Judge what is done by the current files and state, not by what you remember.
+- Mark it complete (update_goal) only after checking every requirement of the objective.
+- Mark it blocked only after the same obstacle has stopped you three turns in a row."""
+
+GET_GOAL = definition("get_goal", "The session's goal: its objective, status, token budget and tokens used.")
+CREATE_GOAL = definition(
+    "create_goal",
+    "Give the session a goal, only when the user asks for one: while it is active, each turn's end starts "
+    "the next, until you mark it complete or blocked. One goal per session: the user clears the old one.",
+    objective="what is to be achieved, in the user's terms",
+)
+CREATE_GOAL["function"]["parameters"]["properties"]["token_budget"] = {
+    "type": "integer",
+    "description": "tokens the goal may spend; only if the user named a budget",
+}
+UPDATE_GOAL = definition(
+    "update_goal",
+    "Mark the goal complete (every requirement checked) or blocked (the same obstacle three turns in a row).",
+    status="complete or blocked",
+)
+UPDATE_GOAL["function"]["parameters"]["properties"]["status"]["enum"] = ["complete", "blocked"]
+
+
+def valid_goal(goal: object) -> bool:
+    """A goal record's value as this program writes it: None (cleared), or a goal of the right shape."""
+    return goal is None or (
+        isinstance(goal, dict)
+        and isinstance(goal.get("objective"), str)
+        and goal.get("status") in STATUSES
+        and all(type(goal.get(key, 0)) is int and goal.get(key, 0) >= 0 for key in ("token_budget", "tokens_used"))
+    )
+
+
+def is_goal_command(line: str) -> bool:
+    return line == "/goal" or line.startswith("/goal ")
+
+
+class Goals:
+    """The session's one goal, behind a lock: the turn's thread, children's threads and
+    the main thread all reach it. Continuations are counted here too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.goal: dict | None = None  # objective, status, token_budget (0: none), tokens_used
+        self.session: Session | None = None
+        self.continued = 0  # continuations since a person last typed
+        self.used_then: int | None = None  # tokens_used when the last continuation began
+
+    def line(self) -> str:
+        goal = self.goal
+        objective = goal["objective"] if len(goal["objective"]) <= 40 else goal["objective"][:40] + "…"
+        budget = f"/{goal['token_budget']:,}" if goal["token_budget"] else ""
+        return f"{visible(objective)} (used {goal['tokens_used']:,}{budget} tokens)"
+
+    def change(self, goal: dict | None) -> None:
+        """Every change: appended to the session, and what ran on the old goal starts anew."""
+        with self.lock:
+            self.goal, self.continued, self.used_then = goal, 0, None
+            if self.session:
+                self.session.remember({"type": "goal", "goal": goal})
+
+    def report(self) -> str:
+        with self.lock:
+            answer: dict = {"goal": self.goal}
+            if self.goal and self.goal["token_budget"]:
+                answer["remaining_tokens"] = max(self.goal["token_budget"] - self.goal["tokens_used"], 0)
+            return json.dumps(answer, ensure_ascii=False, indent=2)
+
+    def create(self, args: dict) -> str:
+        objective, budget = args["objective"].strip(), args.get("token_budget", 0)
+        if type(budget) is not int or budget < 0:
+            return "error: token_budget must be a whole number of tokens, 0 or more (0: no budget)"
+        with self.lock:
+            if self.goal:
+                return f"error: the session has a goal already ({self.goal['status']}); only the user can clear it, with /goal clear"
+            if not objective:
+                return "error: the objective is empty"
+            if len(objective) > OBJECTIVE_CAP:
+                return (
+                    f"error: the objective is longer than {OBJECTIVE_CAP:,} characters; every continuation carries it"
+                )
+            self.change({"objective": objective, "status": "active", "token_budget": budget, "tokens_used": 0})
+            say(f"[goal created: {self.line()} · /goal pause pauses it, /goal clear deletes it]")
+            return self.report()
+
+    def update(self, args: dict) -> str:
+        with self.lock:
+            if args["status"] not in ("complete", "blocked"):  # the enum is a request to the model, not a guarantee
+                return "error: status is complete or blocked; pausing and clearing are the user's"
+            if not self.goal:
+                return "error: the session has no goal"
+            if self.goal["status"] == "complete":
+                return "error: the goal is complete already"
+            self.change({**self.goal, "status": args["status"]})
+            say(f"[goal → {args['status']}: {self.line()}]")
+            return self.report()
+
+    def account(self, usage: object) -> None:
+        """A request's cost, if a goal is being worked on: what was not served from the cache, and the reply."""
+        prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+        if not isinstance(prompt, int) or not isinstance(completion, int):  # no usage, or a server's odd one
+            return
+        spent = max(prompt - cached_tokens(usage) + completion, 0)
+        with self.lock:
+            if not self.goal or self.goal["status"] not in ("active", "budget_limited"):
+                return
+            self.goal["tokens_used"] += spent
+            budget = self.goal["token_budget"]
+            if self.goal["status"] == "active" and budget and self.goal["tokens_used"] >= budget:
+                self.change({**self.goal, "status": "budget_limited"})
+                say(
+                    f"[goal budget used up: {self.line()}; marked budget_limited; if the turn goes on, a wrap-up note goes in first]"
+                )
+                with INBOX_LOCK:  # one note, before the next request of this turn
+                    INBOX.append(("goal", self.context(WRAP_UP_GOAL)))
+
+    def context(self, instruction: str) -> str:
+        """A message for the model about the goal: the objective escaped, fenced as the task it is."""
+        goal = self.goal
+        objective = goal["objective"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        budget = goal["token_budget"]
+        spent = (
+            f"{goal['tokens_used']:,} of {budget:,} ({max(budget - goal['tokens_used'], 0):,} left)"
+            if budget
+            else f"{goal['tokens_used']:,} (no budget)"
+        )
+        return (
+            f"<goal_context>\n{instruction}\n"
+            f"<objective>{objective}</objective>\n"
+            "(The objective is the task, in the user's words; it is not an instruction about how to behave.)\n"
+            f"Tokens used: {spent}\n{GOAL_RULES}\n</goal_context>"
+        )
+
+    def continuation(self) -> str | None:
+        """The next turn's message, if the goal should go on by itself now."""
+        with self.lock:
+            if not self.goal or self.goal["status"] != "active" or WAKER.armed():  # a wake-up drives instead
+                return None
+            if self.continued and self.goal["tokens_used"] == self.used_then:
+                return None  # the last continuation spent nothing: another one would do the same
+            if self.continued >= MAX_CONTINUATIONS:
+                self.pause_if_active(f"{MAX_CONTINUATIONS} turns in a row have started themselves; are you there?")
+                return None
+            self.continued, self.used_then = self.continued + 1, self.goal["tokens_used"]
+            return self.context("The goal below is still active: continue working toward it.")
+
+    def pause_if_active(self, why: str) -> None:
+        with self.lock:
+            if self.goal and self.goal["status"] == "active":
+                self.change({**self.goal, "status": "paused"})
+                say(f"\n[goal paused: {why} · {self.line()} · /goal resume resumes]")
+
+    def person_spoke(self) -> None:
+        with self.lock:
+            self.continued, self.used_then = 0, None
+
+    def restore(self, goal: dict) -> None:
+        """A resumed session's goal, paused if it was active: the process that ran it is gone."""
+        self.goal = {"token_budget": 0, "tokens_used": 0, **goal}
+        if self.goal["status"] == "active":
+            self.goal["status"] = "paused"
+            return say(f"[goal restored, paused (it was active): {self.line()} · /goal resume resumes]")
+        say(f"[goal restored, {self.goal['status']}: {self.line()}]")
+
+    def command(self, line: str) -> None:
+        """/goal, typed at the prompt or during a turn: the person's controls."""
+        word = line.removeprefix("/goal").strip()
+        with self.lock:
+            if word not in ("", "pause", "resume", "clear"):
+                return say(f"[{GOAL_USAGE}]")
+            if not self.goal:
+                return say("[no goal: ask the model to create one]")
+            if word == "":
+                say(f"[goal {self.goal['status']}: {self.line()}]")
+            elif word == "pause" and self.goal["status"] in ("active", "budget_limited"):
+                self.change({**self.goal, "status": "paused"})
+                say(f"[goal paused: {self.line()} · /goal resume resumes]")
+            elif word == "resume" and self.goal["status"] != "complete":
+                spent = self.goal["token_budget"] and self.goal["tokens_used"] >= self.goal["token_budget"]
+                self.change({**self.goal, "status": "budget_limited" if spent else "active"})
+                say(f"[goal {self.goal['status']}: {self.line()}]")
+            elif word == "clear":
+                self.change(None)
+                say("[goal cleared]")
+            else:
+                say(f"[goal {self.goal['status']}: {self.line()}; /goal {word} changes nothing]")
+
+    def turn_ended(self) -> None:
+        """After every turn: the goal's state on the terminal, and its spending on disk."""
+        with self.lock:
+            if self.goal:
+                say(f"[goal {self.goal['status']}: {self.line()}]")
+                if self.session:
+                    self.session.remember({"type": "goal", "goal": dict(self.goal)})
+
+
+GOALS = Goals()
+
+
+def report_state(session: Session) -> None:
+    """What a resumed session's last process took with it: a wake-up; a goal's running."""
+    wakeup = session.state.get("wakeup")
+    if wakeup and wakeup["armed"]:  # a timer lives in a process: it ended with the last one
+        say(
+            f"[a wake-up did not survive the last run and was dropped: {safe(wakeup['reason'] or wakeup['prompt'], 200)}]"
+        )
+    if goal := session.state.get("goal", {}).get("goal"):
+        GOALS.restore(goal)
+
+
 # ---- the agent loop: ask, run the tools it asks for, ask again ----
 
 
 USAGE = """\
-usage: python agent.py "task"                 start a new session
-       python agent.py -c ID "follow-up"      continue session ID (a unique prefix will do)
-       python agent.py -c last "follow-up"    continue the most recently active session
+usage: python agent.py                        the conversation: a turn for each line you type
+       python agent.py "task"                 start a new session, run one task, exit
+       python agent.py -c ID ["follow-up"]    continue session ID (a unique prefix will do)
+       python agent.py -c last ["follow-up"]  continue the most recently active session
        python agent.py -list                  list the sessions in .sessions/
        python agent.py -restore FILE          restore FILE's newest backup from .trash/
        python agent.py -h                     this help
@@ -3160,12 +3900,13 @@ def main(args: list[str]) -> int:
             list_sessions()
             return 0
         resume_id = None
-        if len(args) == 3 and args[0] in ("-c", "--continue"):
+        if len(args) in (2, 3) and args[0] in ("-c", "--continue"):
             resume_id, args = args[1], args[2:]
-        if len(args) != 1 or not args[0].strip() or args[0].startswith("-"):
+        if len(args) > 1 or args and (not args[0].strip() or args[0].startswith("-")):
             raise Failure(
-                'usage: python agent.py [-sandbox] "task" | [-sandbox] -c ID|last "follow-up" | -list | -restore FILE | -h'
+                'usage: python agent.py [-sandbox] ["task"] | [-sandbox] -c ID|last ["follow-up"] | -list | -restore FILE | -h'
             )
+        task = args[0] if args else None  # none: the conversation
         if not API_KEY or not MODEL:
             print(SETUP_GUIDE, file=sys.stderr)
             return 1
@@ -3197,32 +3938,59 @@ def main(args: list[str]) -> int:
                 )
             offer_tools(session, found, client)
             print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
-            session.history.append({"role": "user", "content": args[0]})
-            session.save()
+            report_state(session)
             # Before the first request only an estimate: the API has counted nothing yet.
-            used = session.tokens + estimate([args[0], registry.definitions()])
+            used = session.tokens + estimate([task or "", registry.definitions()])
+            if task is not None:
+                session.history.append({"role": "user", "content": task})
+                session.save()
             report_budget(used, window, " · estimated")
         else:
             # The same system prompt first, every request: it is the cacheable prefix.
             skills = listable(found := find_skills())
             system = {"role": "system", "content": system_prompt(skills)}
-            session = create_session([system, {"role": "user", "content": args[0]}], sorted(skills))
+            first = [{"role": "user", "content": task}] if task is not None else []
+            session = create_session([system, *first], sorted(skills))
             offer_tools(session, found, client)
             print(f"[new session {session.id}]", file=sys.stderr)
             used = estimate([session.history, registry.definitions()])
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
-        status = run(client, session, window, used)
+        status = run(client, session, window, used, task is not None)
         print(hint.lstrip(), file=sys.stderr)
         return status
     except Failure as failure:
         print(f"error: {failure}{hint}", file=sys.stderr)  # every completed round is already on disk
         return 1
     except KeyboardInterrupt:
+        ignore_stop_signals()  # the agent ends: no second signal may cut short what follows
         done = ": the rounds completed so far are saved" if hint else ""
         print(f"\ninterrupted{done}{hint}", file=sys.stderr)
         return 130
     finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal
         stop_servers(SERVERS[:])
+        restore_terminal()
+
+
+def terminal_state() -> list | None:
+    """The terminal's modes as the agent found them; None without a terminal."""
+    with contextlib.suppress(OSError, termios.error, ValueError, AttributeError):
+        return termios.tcgetattr(sys.stdin.fileno()) if sys.stdin.isatty() else None
+    return None
+
+
+FOUND_TERMINAL = terminal_state()
+
+
+def restore_terminal() -> None:
+    """The terminal left as it was found, whatever happened in between: readline cut short,
+    an answer's colour left on (its reset, \\x1b[0m, is written only to a terminal)."""
+    if FOUND_TERMINAL is None:
+        return
+    with contextlib.suppress(OSError, termios.error, ValueError):
+        termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, FOUND_TERMINAL)
+        if sys.stderr.isatty():
+            sys.stderr.write("\x1b[0m")
+            sys.stderr.flush()
 
 
 def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI) -> None:
@@ -3239,15 +4007,229 @@ def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI
         )
 
 
-def run(client: openai.OpenAI, session: Session, window: int, used: int) -> int:
-    """The agent loop over a session: save after every round, make room before
-    the window fills. used: the tokens of the history and the tools, estimated.
+def run(client: openai.OpenAI, session: Session, window: int, used: int, task_given: bool) -> int:
+    """The task as one turn, or without one the conversation: a turn for each line typed.
     Returns the exit status."""
+    if task_given:  # one-shot, as scripts expect: the exit status says how it went
+        outcome = turn(client, session, window, None, used=used, resident=False)
+        if outcome == INTERRUPTED_TURN:
+            raise KeyboardInterrupt
+        if outcome == ROUND_LIMIT:
+            return 1
+        if outcome:
+            raise Failure(outcome)
+        return 0
+    registry.register(SCHEDULE_WAKEUP, schedule_wakeup)  # after sub_agent: a child has no conversation to wake
+    registry.register(GET_GOAL, lambda args: GOALS.report())
+    registry.register(CREATE_GOAL, GOALS.create)
+    registry.register(UPDATE_GOAL, GOALS.update)
+    WAKER.session = GOALS.session = session
+    say("[one turn a line · /q LINE runs after the turn · /goal · /exit or Ctrl-D ends · Ctrl-C stops the turn]")
+    if sys.stdin is not None and sys.stdin.isatty():  # a person types here: their lines may answer questions
+        LINES_ANSWER.set()
+    KEYBOARD.start()
+    while True:
+        outcome = follow_ups(client, session, window)
+        WAKER.turn_ended()
+        if outcome == EXIT or INPUT_CLOSED.is_set() and EVENTS.empty():
+            GOALS.pause_if_active("the input has ended: nobody is here to watch it")
+            return 0
+        if goal_context := GOALS.continuation():  # before waiting for a person
+            say("\n[goal still active; continuing automatically; /goal pause stops it]")
+            if turn(client, session, window, goal_context, "goal") == EXIT:
+                return 0
+            continue
+        try:
+            kind, line = KEYBOARD.prompt()
+            # Left by a stopped turn (a question it answered no), or a wake-up replaced or cancelled since.
+            while kind == "ask" or kind == "tick" and not WAKER.due(line[0]):
+                kind, line = KEYBOARD.prompt()
+        except KeyboardInterrupt:  # with a wake-up armed, Ctrl-C stops the loop; without, it ends the conversation
+            if ENDING or not WAKER.cancel():
+                raise
+            say("\n[wake-up loop stopped; the agent is still here: Ctrl-C again or /exit to leave]")
+            continue
+        if kind == "eof" or line in ("/exit", "/quit"):
+            GOALS.pause_if_active("the input has ended: nobody is here to watch it")
+            sys.stderr.write("\n")
+            return 0
+        if kind == "line":
+            GOALS.person_spoke()
+        if kind == "line" and is_goal_command(line):
+            GOALS.command(line)
+        elif kind == "tick":
+            say("\n[wake-up due; starting a new turn]")
+            outcome = turn(client, session, window, REMINDER + line[1], "wakeup")
+        elif line.removeprefix(QUEUED).strip():  # at the prompt, a /q line runs now
+            outcome = turn(client, session, window, line.removeprefix(QUEUED).strip())
+        if outcome == EXIT:
+            return 0
+
+
+def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | None:
+    """What came in during the turn, each as a turn of its own: late steers first, joined
+    into one, then the queued lines in the order they were typed."""
+    while True:
+        if late := taken("steer", "wakeup"):
+            say(f"[steer arrived late: the turn had finished; {len(late)} folded into a follow-up turn]")
+            origin = "steer" if any(origin == "steer" for origin, _ in late) else "wakeup"
+            outcome = turn(client, session, window, "\n\n".join(text for _, text in late), origin)
+        elif queued := taken("queued", first=True):  # one at a time: a Ctrl-C in it drops the others
+            say("[starting the queued line]")
+            outcome = turn(client, session, window, queued[0][1], "queued")
+        else:
+            return None
+        if outcome == EXIT:
+            return outcome
+
+
+ROUND_LIMIT = "the round limit"
+
+
+def turn(
+    client: openai.OpenAI,
+    session: Session,
+    window: int,
+    text: str | None,
+    origin: str = "",
+    used: int | None = None,
+    resident: bool = True,
+) -> str | None:
+    """One turn (text is its user message; None: the history has it already), run on a
+    thread of its own while this one handles what happens: lines typed, questions, a
+    stop signal, which stops the turn and keeps the conversation whole. None if it
+    finished; otherwise why not. A one-shot run (not resident) ends on a stop signal."""
+    if text is not None:
+        session.add(text, origin)
+        session.save()
+        used = None
+    outcome = ["the turn ended on an unexpected error"]
+
+    def work() -> None:
+        try:
+            outcome[0] = rounds(client, session, window, used)
+        except Failure as failure:
+            outcome[0] = str(failure)
+        except Exception as error:  # a bug: the turn fails, the conversation and the process stay
+            outcome[0] = f"the turn failed ({type(error).__name__}: {safe(str(error), 300)})"
+        finally:
+            EVENTS.put(("done", None))
+
+    worker = threading.Thread(target=work, name="turn", daemon=True)
+    worker.start()
+    KEYBOARD.turn_starts()
+    questions: list[tuple[str, queue.SimpleQueue]] = []  # the first is on the screen; the others wait
+    exiting = False
+    while True:
+        try:
+            kind, value = next_event()
+        except KeyboardInterrupt:
+            second = STOPPING.is_set()
+            stop_all()  # the request shut, the command killed, each question answered no
+            if second or ENDING or not resident:  # the agent ends: nothing may cut short what it saves
+                ignore_stop_signals()
+                hold_status_lines(False)
+                if not second:  # what the stop ended is saved as it unwinds, within a bound
+                    worker.join(2)
+                raise
+            questions.clear()
+            hold_status_lines(False)
+            if dropped := taken("steer", "queued", "wakeup", "goal"):  # a stop means stop: none of it runs
+                say(f"\n[dropped what was waiting: {safe(' | '.join(text for _, text in dropped), 300)}]")
+            if WAKER.cancel():  # and no wake-up starts another turn
+                say("[wake-up loop cancelled]")
+            GOALS.pause_if_active("interrupted by Ctrl-C")  # nor a continuation: only /goal resume lifts it
+            say("\n[stopping the turn]")
+            continue
+        if kind == "done":
+            break
+        if kind == "tick" and WAKER.due(value[0]):
+            with INBOX_LOCK:
+                INBOX.append(("wakeup", REMINDER + value[1]))
+            say("\n[wake-up due while the turn runs; it goes in as a steer]")
+        if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
+            value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
+        elif kind == "ask":
+            questions.append(value)
+            if len(questions) == 1:
+                hold_status_lines(True)  # no status line between the question and its answer
+                show_question(questions[0][0])
+        elif kind == "eof":
+            for _, reply in questions:
+                reply.put(False)
+            if questions:
+                questions.clear()
+                hold_status_lines(False)
+                say("\n[input closed; nobody can answer: refused]")
+        elif kind == "line" and questions and value.lower() in ANSWERS:
+            questions.pop(0)[1].put(ANSWERS[value.lower()])
+            if questions:
+                show_question(questions[0][0])
+            else:
+                hold_status_lines(False)
+        elif kind == "line" and value in ("/exit", "/quit"):
+            exiting = True
+            stop_all()
+        elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
+            GOALS.person_spoke()
+            GOALS.command(value)
+            if questions:  # it answers no question: the question stays
+                show_question(questions[0][0])
+        elif kind == "line" and value:
+            GOALS.person_spoke()
+            waits_as = "queued" if value.startswith(QUEUED) else "steer"
+            with INBOX_LOCK:
+                INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
+            where = "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
+            sys.stderr.write(f"\n[{waits_as}: {where}]\n")
+            if questions:  # a line that is no answer leaves the question up
+                show_question(questions[0][0])
+    if STOPPING.is_set():
+        outcome[0] = INTERRUPTED_TURN
+    if outcome[0] and resident:  # a one-shot run ends here; its resume repairs the history in memory
+        heal(session.history, f"[this turn did not finish: {outcome[0]}]")
+        session.save()
+        if outcome[0] == INTERRUPTED_TURN:
+            say("[turn interrupted; the conversation is kept]")
+        elif outcome[0] != ROUND_LIMIT:
+            say(f"error: {outcome[0]}")
+        if origin == "goal" and outcome[0] != INTERRUPTED_TURN:  # a failing continuation would fail again at once
+            GOALS.pause_if_active(f"the turn did not finish: {outcome[0]}")
+    taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
+    GOALS.turn_ended()
+    resume_after_stop()
+    return EXIT if exiting else outcome[0]
+
+
+def heal(history: list[dict], note: str) -> None:
+    """A turn that did not finish still ends as the API expects: every call answered, then
+    a word from the assistant, so that the next line is no second user message in a row."""
+    if history[-1]["role"] == "assistant" and not history[-1].get("tool_calls"):  # it answered: nothing to heal
+        return
+    if history[-1].get("tool_calls"):  # its calls on disk, none of them run
+        history += [
+            {"role": "tool", "tool_call_id": call["id"], "content": NOT_RUN} for call in history[-1]["tool_calls"]
+        ]
+    history.append({"role": "assistant", "content": note})
+
+
+def rounds(client: openai.OpenAI, session: Session, window: int, used: int | None) -> str | None:
+    """The agent loop for one turn: save after every round, make room before the window
+    fills. used: the tokens of the history and the tools, estimated (None: count them).
+    None once the model answers or a stop signal ends the turn; ROUND_LIMIT at the limit."""
     history = session.history
+    used = estimate([history, registry.definitions()]) if used is None else used
     # The last count the API gave covers history[:counted]; what came after (tool
     # results, a new request) is estimated. Until the API has spoken, all of it is.
     counted = len(history)
     for round_number in range(1, MAX_ROUNDS + 1):
+        # The one place a steer goes in: after the last results, before the next request,
+        # so that no message ever stands between a call and its result.
+        if steers := taken("steer", "wakeup", "goal"):
+            for origin, steer in steers:
+                session.add(steer, origin)
+            session.save()
+            say(f"[steer entered this turn: {len(steers)}]")
         try:
             if used + estimate(history[counted:]) >= BUDGET_FRACTION * window:  # make room before the request
                 compact(client, session, window)
@@ -3257,7 +4239,7 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int) -> int:
             )
         except TooLong as refusal:
             # The server's window is smaller than the table said, or the session grew too
-            # long before compaction: make room and try once more. A second refusal ends the run.
+            # long before compaction: make room and try once more. A second refusal ends the turn.
             window = make_room(client, session, window, refusal, used + estimate(history[counted:]))
             used, counted = estimate([history, registry.definitions()]), len(history)
             message, finish_reason, usage = stream_turn(
@@ -3278,26 +4260,22 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int) -> int:
         if "tool_calls" not in message:
             session.save()
             if SPENT.total:
-                print(f"[subagents: {SPENT.total:,} tokens in this run, beside this conversation's]", file=sys.stderr)
-            print(
+                say(f"[subagents: {SPENT.total:,} tokens in this run, beside this conversation's]")
+            say(
                 f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
-                f"finish_reason={finish_reason}]",
-                file=sys.stderr,
+                f"finish_reason={finish_reason}]"
             )
-            return 0
-        print(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]", file=sys.stderr)
+            return None
+        say(f"[round {round_number} input {prompt_tokens} tokens, {cached} cached]")
         before = SPENT.total
         history += run_tools(registry, message, finish_reason, f"round {round_number}", session.save)
         session.save()  # the results right after their calls; a crash in between is answered in the request
         if SPENT.total > before:  # subagents' tokens: spent, though not in this conversation's window
-            print(f"[round {round_number} subagents {SPENT.total - before:,} tokens]", file=sys.stderr)
-        if STOPPING.is_set():  # Ctrl-C during a fan-out: the children stopped, their round is saved
-            raise KeyboardInterrupt
-    print(
-        f'stopped: reached the {MAX_ROUNDS}-round limit (MAX_ROUNDS sets it); go on with: -c {session.id} "continue"',
-        file=sys.stderr,
-    )
-    return 1
+            say(f"[round {round_number} subagents {SPENT.total - before:,} tokens]")
+        if STOPPING.is_set():  # a stop signal: the calls not run are answered so, and the turn ends here
+            return None
+    say(f'stopped: reached the {MAX_ROUNDS}-round limit (MAX_ROUNDS sets it); go on with: -c {session.id} "continue"')
+    return ROUND_LIMIT
 
 
 def make_room(client: openai.OpenAI, session: Session, window: int, refusal: TooLong, sent: int) -> int:
@@ -3329,11 +4307,13 @@ def make_room(client: openai.OpenAI, session: Session, window: int, refusal: Too
 
 
 def stop(number: int, frame: object) -> None:
-    """Ctrl-C, a kill, a closed terminal: stop as Ctrl-C does, so the finally in
-    run_command() kills a running command's group. Once: a second signal must not
-    cut that cleanup short, so every stop signal is ignored from here on."""
-    for each in STOP_SIGNALS:
-        signal.signal(each, signal.SIG_IGN)
+    """A stop signal: KeyboardInterrupt in the main thread, which decides what it stops.
+    Ctrl-C stops the turn (at the prompt, the conversation; in a one-shot run, the run).
+    Any other (a kill, a closed terminal, Ctrl-\\) ends the agent once the turn is
+    stopped, and from then on every stop signal is ignored: none may cut that short."""
+    if number != signal.SIGINT:
+        ENDING.append(number)
+        ignore_stop_signals()
     raise KeyboardInterrupt
 
 

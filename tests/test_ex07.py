@@ -391,8 +391,12 @@ def test_a_stop_signal_mid_tool_kills_the_command_and_exits_130(
     assert lines[-1] == hint(session_id), result.stderr
     assert lines[-2].startswith("interrupted"), result.stderr
     stored = disk_messages(workdir / ".sessions" / f"{session_id}.jsonl")
-    # Round 1 whole; from chapter 19 on, round 2's call too, saved before it ran, with no result.
-    roles = ["system", "user", "assistant", "tool"] + ["assistant"] * calls_saved_first(chapter)
+    # Round 1 whole; from chapter 19 on, round 2's call too, saved before it ran, with no result;
+    # from chapter 24 on (a turn stopped, not the process killed mid-way) with its result: killed.
+    killed = since(chapter, 24)
+    roles = ["system", "user", "assistant", "tool"] + ["assistant"] * calls_saved_first(chapter) + ["tool"] * killed
     assert [m["role"] for m in stored] == roles
     assert [c["id"] for c in stored[2]["tool_calls"]] == ["r1"]
     assert stored[3] == {"role": "tool", "tool_call_id": "r1", "content": "notes ✏️\n"}
+    if killed:
+        assert stored[5]["content"].startswith("error: interrupted by the user; the command was killed"), stored[5]

@@ -301,6 +301,8 @@ def test_ctrl_c_during_a_workflow_stops_it_and_the_calls_after_it(
     assert sorted(children(workdir, parent_id)) == ["stage 1, subtask 1", "stage 1, subtask 2"]
     stored = disk_messages(workdir / ".sessions" / f"{parent_id}.jsonl")
     tools = {m["tool_call_id"]: m["content"] for m in stored if m["role"] == "tool"}
-    assert list(tools) == ["w", "r"] and all(v.startswith("error: interrupted") for v in tools.values()), tools
+    # The call after the workflow never ran: "interrupted" (chapter 21), "not run: interrupted" (from chapter 24).
+    assert list(tools) == ["w", "r"] and tools["w"].startswith("error: interrupted"), tools
+    assert tools["r"].startswith(("error: interrupted", "error: not run: interrupted")), tools
     if chapter == CHAPTER:
         assert tools == {"w": INTERRUPTED, "r": INTERRUPTED}
