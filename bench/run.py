@@ -746,6 +746,105 @@ def figure_fan_out_memory(tmp: Path, runs: int = 3, reads: int = 20, size: int =
     return [("Peak RSS while 4 subagents each read a 30 KiB file 20 times", value, "report", "—")]
 
 
+# ---- resume of a session that compacted many times: read back from its last compaction ----
+
+
+def compacted_block(conversation: workload.Conversation, size: int, number: int) -> tuple[bytes, dict, list[dict]]:
+    """Whole rounds until about `size` bytes of records, then a compaction that keeps the
+    last round (from its user prompt): (the lines, the compaction record, the kept messages)."""
+    lines, total, last = [], 0, []
+    while total < size:
+        last = conversation.round(conversation.rng.randint(1, 3))
+        for message in last:
+            lines.append(workload.record(message))
+            total += len(lines[-1])
+    summary = f"Compaction {number}: the user is refactoring the session loader; done so far: " + "tests pass. " * 100
+    compaction = {"type": "compaction", "summary": summary, "kept": len(last), "carried": []}  # as agent.py writes it
+    lines.append(json.dumps(compaction, ensure_ascii=False).encode() + b"\n")
+    return b"".join(lines), compaction, last
+
+
+def figure_compacted_resume(tmp: Path, repeats: int = 5, block: int = 2 * MB) -> list[Row]:
+    """12. Resume of a 200 MB session that compacted 100 times ÷ a 2 MB session that sends the same messages."""
+    work = tmp / "compacted-resume"
+    work.mkdir()
+    compactions, note = 100, ""
+    if (free := shutil.disk_usage(tmp).free) < 1024 * MB:
+        compactions, note = 50, f"; only {free / MB:.0f} MB free on the temporary directory's disk, so 100 MB"
+    say(
+        f"12/{len(FIGURES)} resume of a {compactions * block // MB} MB session compacted {compactions} times (building it)"
+    )
+    big, small = workload.session_id(12), workload.session_id(13)
+    system = {"role": "system", "content": workload.SYSTEM}
+    paths = {sid: workload.write_session(work / ".sessions", sid, [system]) for sid in (big, small)}
+    conversation = workload.Conversation(seed=12)
+    with open(paths[big], "ab") as file:
+        for number in range(1, compactions):  # the folded past: only the big file has it
+            file.write(compacted_block(conversation, block, number)[0])
+    # The last compaction, its block of rounds and the live tail after it: in both files, byte for byte.
+    last, compaction, kept = compacted_block(conversation, block, compactions)
+    tail = [m for _ in range(8) for m in conversation.round(conversation.rng.randint(1, 3))]
+    last += b"".join(workload.record(m) for m in tail)
+    for path in paths.values():
+        with open(path, "ab") as file:
+            file.write(last)
+    sizes = {sid: path.stat().st_size for sid, path in paths.items()}
+    summary = "[summary of the earlier conversation]\n" + compaction["summary"]
+    expected = 1 + 1 + len(kept) + len(tail) + 1  # system, summary, the kept round, the tail, the new prompt
+    runs: dict[str, list[Run]] = {big: [], small: []}
+    request_at: dict[str, list[float]] = {big: [], small: []}
+    with TimedProvider() as provider:
+        env = {**agent_env(tmp, provider.url), **NO_COMPACTION}
+        for number in range(repeats + 1):  # the first round warms up and is not counted
+            say(
+                f"12/{len(FIGURES)} resume, end to end, round {number + 1}/{repeats + 1}"
+                + (" (warm-up)" * (not number))
+            )
+            sent = {}
+            for sid in (small, big) if number % 2 else (big, small):
+                provider.script(text("ok"))
+                result = checked(run([PYTHON, AGENT, "-c", sid, "next"], work, env, memory=True), f"agent -c {sid}")
+                os.truncate(paths[sid], sizes[sid])  # it saved its round: every run resumes the same file
+                if len(provider.chat_requests) != 1:
+                    raise SystemExit(f"bench: the resume made {len(provider.chat_requests)} requests, not 1")
+                sent[sid] = provider.chat_requests[-1]["messages"]
+                if number:
+                    runs[sid].append(result)
+                    request_at[sid].append(provider.body_received[-1] - result.started)
+                provider.requests.clear()
+            # The proof that the figure compares like with like: the same request, the compacted view.
+            prompt = {"role": "user", "content": "next"}
+            if sent[big][:-1] != sent[small][:-1] or not sent[big][-1] == sent[small][-1] == prompt:
+                raise SystemExit("bench: the two resumes did not send the same messages")
+            if len(sent[big]) != expected or sent[big][1].get("content") != summary:
+                raise SystemExit(f"bench: the resumed request is not the compacted view ({len(sent[big])} messages)")
+    t_big, t_small = (statistics.median(request_at[sid]) for sid in (big, small))
+    cpu_big, cpu_small = (statistics.median(r.cpu for r in runs[sid]) for sid in (big, small))
+    rss_big, rss_small = (statistics.median(r.maxrss for r in runs[sid]) for sid in (big, small))
+    ratio = t_big / t_small
+    value = (
+        f"{ratio:.2f} ({t_big:.3f} s vs {t_small:.3f} s, {(t_big - t_small) * 1e3:+.0f} ms, medians of {repeats}, "
+        f"interleaved, after a warm-up; end to end: from starting `agent.py -c ID next` to the request body "
+        f"received; {sizes[big] / MB:.0f} MB with {compactions} compactions of about {block // MB} MB of rounds "
+        f"each vs {sizes[small] / MB:.1f} MB with the last one only, both sending the same {expected} messages "
+        f"(checked); the processes' CPU time {cpu_big:.3f} s vs {cpu_small:.3f} s{note})"
+    )
+    memory = (
+        f"{(rss_big - rss_small) / MB:+.1f} MB ({rss_big / MB:.1f} MB vs {rss_small / MB:.1f} MB, medians of "
+        f"{repeats}; the file is mapped, and the pages a resume touches count)"
+    )
+    size = f"{sizes[big] / MB:.0f} MB"
+    return [
+        (
+            f"Resume of a {size} session compacted {compactions} times ÷ a {sizes[small] / MB:.0f} MB one sending the same messages",
+            value,
+            "≤ 2",
+            yes_no(ratio <= 2),
+        ),
+        (f"… its peak RSS, the {size} resume minus the {sizes[small] / MB:.0f} MB one", memory, "report", "—"),
+    ]
+
+
 # ---- the machine, and the table ----
 
 
@@ -781,6 +880,7 @@ FIGURES = [
     figure_fan_out,
     figure_fan_out_limit,
     figure_fan_out_memory,
+    figure_compacted_resume,
 ]
 
 
