@@ -2506,7 +2506,10 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             exiting = True
             stop_all()
         elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
+            GOALS.person_spoke()
             GOALS.command(value)
+            if questions:  # it answers no question: the question stays
+                show(questions[0][0])
         elif kind == "line" and value:
             GOALS.person_spoke()
             waits_as = "queued" if value.startswith(QUEUED) else "steer"
