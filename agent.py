@@ -3548,12 +3548,15 @@ class Waker:
         with self.lock:
             self.started = self.started or time.monotonic()
             left = self.started + LIFETIME - time.monotonic()
-            if left < 1:
-                self.stop()
-                return f"error: this wake-up loop has reached its lifetime of {LIFETIME} s and has ended"
-            self.stop(keep_lifetime=True)  # replace, never stack
-            delay = min(delay, int(left))  # no wake-up outlives the loop's lifetime
-            self.start(delay, prompt, reason, repeat)
+            pending = self.timer is not None
+            self.stop(keep_lifetime=left >= 1)  # replace, never stack; past its lifetime the loop ends
+            if left >= 1:
+                delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
+                self.start(delay, prompt, reason, repeat)
+        if left < 1:
+            if pending:  # the repeat still pending ends here, and the file says so
+                self.record(False, "", "the loop's lifetime ended")
+            return f"error: this wake-up loop has reached its lifetime of {LIFETIME} s and has ended"
         self.record(True, prompt, reason)
         say(f"[wake-up scheduled: {'every' if repeat else 'in'} {delay} s ({safe(reason, 80)})]")
         return f"scheduled in {delay} s{', repeating' if repeat else ''}; you may end this turn"
@@ -3864,6 +3867,7 @@ def report_state(session: Session) -> None:
         say(
             f"[a wake-up did not survive the last run and was dropped: {safe(wakeup['reason'] or wakeup['prompt'], 200)}]"
         )
+        session.remember({"type": "wakeup", "armed": False, "prompt": "", "reason": "dropped"})  # said once
     if goal := session.state.get("goal", {}).get("goal"):
         GOALS.restore(goal)
 

@@ -1911,6 +1911,7 @@ def main() -> None:
             if session.wakeup.get("armed") is True:  # a timer lives in a process: it ended with the last one
                 reason = visible(str(session.wakeup.get("reason") or session.wakeup.get("prompt")))[:200]
                 print(f"[a wake-up did not survive the last run and was dropped: {reason}]", file=sys.stderr)
+                session.append(record_line({"type": "wakeup", "armed": False, "prompt": "", "reason": "dropped"}))
             if session.sandboxed and not SANDBOX:
                 print(f"warning: session {session.id} ran with -sandbox; this run is not caged", file=sys.stderr)
             # Before the first request only an estimate: the API has not counted anything yet.
@@ -1970,8 +1971,8 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         WAKER.turn_ended()
         if outcome == EXIT or INPUT_CLOSED.is_set() and EVENTS.empty():
             return 0
-        print("\n> ", end="", file=sys.stderr, flush=True)
-        try:
+        try:  # the prompt inside: a Ctrl-C the moment it shows is one at the prompt
+            print("\n> ", end="", file=sys.stderr, flush=True)
             kind, line = next_event()
             # Left by a stopped turn (a question it answered no), or a wake-up replaced or cancelled since.
             while kind == "ask" or kind == "tick" and not WAKER.due(line[0]):
@@ -2120,12 +2121,15 @@ class Waker:
         with self.lock:
             self.started = self.started or time.monotonic()
             left = self.started + LIFETIME - time.monotonic()
-            if left < 1:
-                self.stop()
-                return f"error: this wake-up loop has reached its lifetime of {LIFETIME} s and has ended"
-            self.stop(keep_lifetime=True)  # replace, never stack
-            delay = min(delay, int(left))  # no wake-up outlives the loop's lifetime
-            self.start(delay, prompt, reason, repeat)
+            pending = self.timer is not None
+            self.stop(keep_lifetime=left >= 1)  # replace, never stack; past its lifetime the loop ends
+            if left >= 1:
+                delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
+                self.start(delay, prompt, reason, repeat)
+        if left < 1:
+            if pending:  # the repeat still pending ends here, and the file says so
+                self.record(False, "", "the loop's lifetime ended")
+            return f"error: this wake-up loop has reached its lifetime of {LIFETIME} s and has ended"
         self.record(True, prompt, reason)
         print(f"[wake-up scheduled: {'every' if repeat else 'in'} {delay} s ({visible(reason)[:80]})]", file=sys.stderr)
         return f"scheduled in {delay} s{', repeating' if repeat else ''}; you may end this turn"
