@@ -3708,6 +3708,7 @@ class Goals:
         self.session: Session | None = None
         self.continued = 0  # continuations since a person last typed
         self.used_then: int | None = None  # tokens_used when the last continuation began
+        self.stalled = False  # the last continuation spent nothing: said, and none follows
 
     def line(self) -> str:
         goal = self.goal
@@ -3718,7 +3719,7 @@ class Goals:
     def change(self, goal: dict | None) -> None:
         """Every change: appended to the session, and what ran on the old goal starts anew."""
         with self.lock:
-            self.goal, self.continued, self.used_then = goal, 0, None
+            self.goal, self.continued, self.used_then, self.stalled = goal, 0, None, False
             if self.session:
                 self.session.remember({"type": "goal", "goal": goal})
 
@@ -3768,6 +3769,8 @@ class Goals:
             if not self.goal or self.goal["status"] not in ("active", "budget_limited"):
                 return
             self.goal["tokens_used"] += spent
+            if self.session:  # each request's count on disk: a kill loses none of it
+                self.session.remember({"type": "goal", "goal": dict(self.goal)})
             budget = self.goal["token_budget"]
             if self.goal["status"] == "active" and budget and self.goal["tokens_used"] >= budget:
                 self.change({**self.goal, "status": "budget_limited"})
@@ -3799,8 +3802,11 @@ class Goals:
         with self.lock:
             if not self.goal or self.goal["status"] != "active" or WAKER.armed():  # a wake-up drives instead
                 return None
-            if self.continued and self.goal["tokens_used"] == self.used_then:
-                return None  # the last continuation spent nothing: another one would do the same
+            if self.continued and self.goal["tokens_used"] == self.used_then:  # another would do the same
+                if not self.stalled:  # said once: it stays so until a person speaks
+                    say(f"[goal active, but its last continuation spent nothing; it waits for you: {self.line()}]")
+                    self.stalled = True
+                return None
             if self.continued >= MAX_CONTINUATIONS:
                 self.pause_if_active(f"{MAX_CONTINUATIONS} turns in a row have started themselves; are you there?")
                 return None
@@ -3815,7 +3821,7 @@ class Goals:
 
     def person_spoke(self) -> None:
         with self.lock:
-            self.continued, self.used_then = 0, None
+            self.continued, self.used_then, self.stalled = 0, None, False
 
     def restore(self, goal: dict) -> None:
         """A resumed session's goal, paused if it was active: the process that ran it is gone."""
@@ -4014,6 +4020,7 @@ def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI
 def run(client: openai.OpenAI, session: Session, window: int, used: int, task_given: bool) -> int:
     """The task as one turn, or without one the conversation: a turn for each line typed.
     Returns the exit status."""
+    WAKER.session = GOALS.session = session  # a restored goal's records, one-shot or not
     if task_given:  # one-shot, as scripts expect: the exit status says how it went
         outcome = turn(client, session, window, None, used=used, resident=False)
         if outcome == INTERRUPTED_TURN:
@@ -4027,7 +4034,6 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int, task_gi
     registry.register(GET_GOAL, lambda args: GOALS.report())
     registry.register(CREATE_GOAL, GOALS.create)
     registry.register(UPDATE_GOAL, GOALS.update)
-    WAKER.session = GOALS.session = session
     say("[one turn a line · /q LINE runs after the turn · /goal · /exit or Ctrl-D ends · Ctrl-C stops the turn]")
     if sys.stdin is not None and sys.stdin.isatty():  # a person types here: their lines may answer questions
         LINES_ANSWER.set()
@@ -4057,7 +4063,7 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int, task_gi
             GOALS.pause_if_active("the input has ended: nobody is here to watch it")
             sys.stderr.write("\n")
             return 0
-        if kind == "line":
+        if kind == "line" and line and not is_goal_command(line):  # looking at the goal is not working on it
             GOALS.person_spoke()
         if kind == "line" and is_goal_command(line):
             GOALS.command(line)
@@ -4127,7 +4133,54 @@ def turn(
     while True:
         try:
             kind, value = next_event()
-        except KeyboardInterrupt:
+            if kind == "done":
+                break
+            if kind == "tick" and WAKER.due(value[0]):
+                with INBOX_LOCK:
+                    INBOX.append(("wakeup", REMINDER + value[1]))
+                say("\n[wake-up due while the turn runs; it goes in as a steer]")
+            if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
+                value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
+            elif kind == "ask":
+                questions.append(value)
+                if len(questions) == 1:
+                    hold_status_lines(True)  # no status line between the question and its answer
+                    show_question(questions[0][0])
+            elif kind == "eof":
+                for _, reply in questions:
+                    reply.put(False)
+                if questions:
+                    questions.clear()
+                    hold_status_lines(False)
+                    say("\n[input closed; nobody can answer: refused]")
+            elif kind == "line" and questions and value.lower() in ANSWERS:
+                questions.pop(0)[1].put(ANSWERS[value.lower()])
+                GOALS.person_spoke()  # someone is there
+                if questions:
+                    show_question(questions[0][0])
+                else:
+                    hold_status_lines(False)
+            elif kind == "line" and value in ("/exit", "/quit"):
+                exiting = True
+                stop_all()
+            elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
+                GOALS.command(value)
+                if questions:  # it answers no question: the question stays
+                    show_question(questions[0][0])
+            elif kind == "line" and value:
+                GOALS.person_spoke()
+                # Piped lines are a script's, each a turn of its own; a person's line steers the turn.
+                queued = value.startswith(QUEUED) or not LINES_ANSWER.is_set()
+                waits_as = "queued" if queued else "steer"
+                with INBOX_LOCK:
+                    INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
+                where = (
+                    "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
+                )
+                sys.stderr.write(f"\n[{waits_as}: {where}]\n")
+                if questions:  # a line that is no answer leaves the question up
+                    show_question(questions[0][0])
+        except KeyboardInterrupt:  # wherever it lands in the handling above: the stop unblocks what waits
             second = STOPPING.is_set()
             stop_all()  # the request shut, the command killed, each question answered no
             if second or ENDING or not resident:  # the agent ends: nothing may cut short what it saves
@@ -4144,50 +4197,6 @@ def turn(
                 say("[wake-up loop cancelled]")
             GOALS.pause_if_active("interrupted by Ctrl-C")  # nor a continuation: only /goal resume lifts it
             say("\n[stopping the turn]")
-            continue
-        if kind == "done":
-            break
-        if kind == "tick" and WAKER.due(value[0]):
-            with INBOX_LOCK:
-                INBOX.append(("wakeup", REMINDER + value[1]))
-            say("\n[wake-up due while the turn runs; it goes in as a steer]")
-        if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
-            value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
-        elif kind == "ask":
-            questions.append(value)
-            if len(questions) == 1:
-                hold_status_lines(True)  # no status line between the question and its answer
-                show_question(questions[0][0])
-        elif kind == "eof":
-            for _, reply in questions:
-                reply.put(False)
-            if questions:
-                questions.clear()
-                hold_status_lines(False)
-                say("\n[input closed; nobody can answer: refused]")
-        elif kind == "line" and questions and value.lower() in ANSWERS:
-            questions.pop(0)[1].put(ANSWERS[value.lower()])
-            if questions:
-                show_question(questions[0][0])
-            else:
-                hold_status_lines(False)
-        elif kind == "line" and value in ("/exit", "/quit"):
-            exiting = True
-            stop_all()
-        elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
-            GOALS.person_spoke()
-            GOALS.command(value)
-            if questions:  # it answers no question: the question stays
-                show_question(questions[0][0])
-        elif kind == "line" and value:
-            GOALS.person_spoke()
-            waits_as = "queued" if value.startswith(QUEUED) else "steer"
-            with INBOX_LOCK:
-                INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
-            where = "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
-            sys.stderr.write(f"\n[{waits_as}: {where}]\n")
-            if questions:  # a line that is no answer leaves the question up
-                show_question(questions[0][0])
     if STOPPING.is_set():
         outcome[0] = INTERRUPTED_TURN
     if outcome[0] and resident:  # a one-shot run ends here; its resume repairs the history in memory
@@ -4201,6 +4210,8 @@ def turn(
             GOALS.pause_if_active(f"the turn did not finish: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
     GOALS.turn_ended()
+    if exiting:
+        GOALS.pause_if_active("/exit: nobody is here to watch it")
     resume_after_stop()
     return EXIT if exiting else outcome[0]
 

@@ -840,7 +840,7 @@ def test_a_one_shot_resume_restores_the_goal_paused_and_runs_one_turn(
     assert f"[goal restored, paused (it was active): {shown('Clean the attic', 1234)} · {RESUMES}" in result.stderr
     assert CONTINUING not in result.stderr
     assert len(provider.chat_requests) == 1
-    assert goal_records(path)[-1] == goal_record("Clean the attic", "active", 1234)  # nothing written about it
+    assert goal_records(path)[-1] == goal_record("Clean the attic", "paused", 1234)  # paused, and the file says so
 
 
 @each

@@ -2073,7 +2073,40 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
     while True:
         try:
             kind, value = next_event()
-        except KeyboardInterrupt:
+            if kind == "done":
+                break
+            if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
+                value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
+            elif kind == "ask":
+                questions.append(value)
+                if len(questions) == 1:
+                    show(questions[0][0])
+            elif kind == "eof":
+                for _, reply in questions:
+                    reply.put(False)
+                if questions:
+                    print("\n[input closed; nobody can answer: refused]", file=sys.stderr)
+                questions.clear()
+            elif kind == "line" and questions and value.lower() in ANSWERS:
+                questions.pop(0)[1].put(ANSWERS[value.lower()])
+                if questions:
+                    show(questions[0][0])
+            elif kind == "line" and value in ("/exit", "/quit"):
+                exiting = True
+                stop_all()
+            elif kind == "line" and value:
+                # Piped lines are a script's, each a turn of its own; a person's line steers the turn.
+                queued = value.startswith(QUEUED) or not LINES_ANSWER.is_set()
+                waits_as = "queued" if queued else "steer"
+                with INBOX_LOCK:
+                    INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
+                where = (
+                    "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
+                )
+                print(f"\n[{waits_as}: {where}]", file=sys.stderr)
+                if questions:  # a line that is no answer leaves the question up
+                    show(questions[0][0])
+        except KeyboardInterrupt:  # wherever it lands in the handling above: the stop unblocks what waits
             second = STOPPING.is_set()
             stop_all()  # the request shut, the command killed, each question answered no
             if second or ENDING:  # no waiting for the rest: what is complete is on disk already
@@ -2082,36 +2115,6 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             if dropped := taken("steer") + taken("queued"):  # a stop means stop: none of it runs
                 print(f"\n[dropped what was waiting: {visible(' | '.join(dropped))}]", file=sys.stderr)
             print("\n[stopping the turn]", file=sys.stderr)
-            continue
-        if kind == "done":
-            break
-        if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
-            value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
-        elif kind == "ask":
-            questions.append(value)
-            if len(questions) == 1:
-                show(questions[0][0])
-        elif kind == "eof":
-            for _, reply in questions:
-                reply.put(False)
-            if questions:
-                print("\n[input closed; nobody can answer: refused]", file=sys.stderr)
-            questions.clear()
-        elif kind == "line" and questions and value.lower() in ANSWERS:
-            questions.pop(0)[1].put(ANSWERS[value.lower()])
-            if questions:
-                show(questions[0][0])
-        elif kind == "line" and value in ("/exit", "/quit"):
-            exiting = True
-            stop_all()
-        elif kind == "line" and value:
-            waits_as = "queued" if value.startswith(QUEUED) else "steer"
-            with INBOX_LOCK:
-                INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
-            where = "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
-            print(f"\n[{waits_as}: {where}]", file=sys.stderr)
-            if questions:  # a line that is no answer leaves the question up
-                show(questions[0][0])
     if STOPPING.is_set():
         outcome[0] = INTERRUPTED_TURN
     if outcome[0]:

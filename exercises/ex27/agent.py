@@ -1961,13 +1961,13 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
     registry.register(
         WORKFLOW, lambda args, call_id: workflow(args, call_id, client, session, child_tools), takes_call=True
     )
+    WAKER.session = GOALS.session = session  # a restored goal's records, one-shot or not
     if task is not None:  # one-shot, as scripts expect: the exit status says how it went
         outcome = turn(client, session, window, task)
         if outcome == INTERRUPTED_TURN:
             raise KeyboardInterrupt
         return 1 if outcome else 0
     registry.register(SCHEDULE_WAKEUP, schedule_wakeup)  # after sub_agent: a child has no conversation to wake
-    WAKER.session = GOALS.session = session
     registry.register(GET_GOAL, lambda args: GOALS.report())
     registry.register(CREATE_GOAL, GOALS.create)
     registry.register(UPDATE_GOAL, GOALS.update)
@@ -2004,7 +2004,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         if kind == "eof" or line in ("/exit", "/quit"):
             GOALS.pause_if_active("the input has ended: nobody is here to watch it")
             return 0
-        if kind == "line":
+        if kind == "line" and line and not is_goal_command(line):  # looking at the goal is not working on it
             GOALS.person_spoke()
         if kind == "line" and is_goal_command(line):
             GOALS.command(line)
@@ -2297,6 +2297,7 @@ class Goals:
         self.session: Session | None = None
         self.continued = 0  # continuations since a person last typed
         self.used_then: int | None = None  # tokens_used when the last continuation began
+        self.stalled = False  # the last continuation spent nothing: said, and none follows
 
     def line(self) -> str:
         goal = self.goal
@@ -2307,7 +2308,7 @@ class Goals:
     def change(self, goal: dict | None) -> None:
         """Every change: appended to the session, and what ran on the old goal starts anew."""
         with self.lock:
-            self.goal, self.continued, self.used_then = goal, 0, None
+            self.goal, self.continued, self.used_then, self.stalled = goal, 0, None, False
             if self.session:
                 self.session.append(record_line({"type": "goal", "goal": goal}))
 
@@ -2384,8 +2385,14 @@ class Goals:
         with self.lock:
             if not self.goal or self.goal["status"] != "active" or WAKER.armed():  # a wake-up drives instead
                 return None
-            if self.continued and self.goal["tokens_used"] == self.used_then:
-                return None  # the last continuation spent nothing: another one would do the same
+            if self.continued and self.goal["tokens_used"] == self.used_then:  # another would do the same
+                if not self.stalled:  # said once: it stays so until a person speaks
+                    print(
+                        f"[goal active, but its last continuation spent nothing; it waits for you: {self.line()}]",
+                        file=sys.stderr,
+                    )
+                    self.stalled = True
+                return None
             if self.continued >= MAX_CONTINUATIONS:
                 self.pause_if_active(f"{MAX_CONTINUATIONS} turns in a row have started themselves; are you there?")
                 return None
@@ -2400,7 +2407,7 @@ class Goals:
 
     def person_spoke(self) -> None:
         with self.lock:
-            self.continued, self.used_then = 0, None
+            self.continued, self.used_then, self.stalled = 0, None, False
 
     def restore(self, goal: dict) -> None:
         """A resumed session's goal, paused if it was active: the process that ran it is gone."""
@@ -2408,7 +2415,8 @@ class Goals:
         if self.goal["status"] == "active":
             self.goal["status"] = "paused"
             return print(
-                f"[goal restored, paused (it was active): {self.line()} · /goal resume resumes]", file=sys.stderr
+                f"[goal restored, paused (it was active): {self.line()} · /goal resume resumes]",
+                file=sys.stderr,
             )
         print(f"[goal restored, {self.goal['status']}: {self.line()}]", file=sys.stderr)
 
@@ -2470,7 +2478,50 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
     while True:
         try:
             kind, value = next_event()
-        except KeyboardInterrupt:
+            if kind == "done":
+                break
+            if kind == "tick" and WAKER.due(value[0]):
+                with INBOX_LOCK:
+                    INBOX.append(("wakeup", REMINDER + value[1]))
+                print("\n[wake-up due while the turn runs; it goes in as a steer]", file=sys.stderr)
+            if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
+                value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
+            elif kind == "ask":
+                questions.append(value)
+                if len(questions) == 1:
+                    show(questions[0][0])
+            elif kind == "eof":
+                for _, reply in questions:
+                    reply.put(False)
+                if questions:
+                    print("\n[input closed; nobody can answer: refused]", file=sys.stderr)
+                questions.clear()
+            elif kind == "line" and questions and value.lower() in ANSWERS:
+                questions.pop(0)[1].put(ANSWERS[value.lower()])
+                GOALS.person_spoke()  # someone is there
+                if questions:
+                    show(questions[0][0])
+            elif kind == "line" and value in ("/exit", "/quit"):
+                exiting = True
+                stop_all()
+            elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
+                GOALS.command(value)
+                if questions:  # it answers no question: the question stays
+                    show(questions[0][0])
+            elif kind == "line" and value:
+                GOALS.person_spoke()
+                # Piped lines are a script's, each a turn of its own; a person's line steers the turn.
+                queued = value.startswith(QUEUED) or not LINES_ANSWER.is_set()
+                waits_as = "queued" if queued else "steer"
+                with INBOX_LOCK:
+                    INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
+                where = (
+                    "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
+                )
+                print(f"\n[{waits_as}: {where}]", file=sys.stderr)
+                if questions:  # a line that is no answer leaves the question up
+                    show(questions[0][0])
+        except KeyboardInterrupt:  # wherever it lands in the handling above: the stop unblocks what waits
             second = STOPPING.is_set()
             stop_all()  # the request shut, the command killed, each question answered no
             if second or ENDING:  # no waiting for the rest: what is complete is on disk already
@@ -2483,46 +2534,6 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
                 print("[wake-up loop cancelled]", file=sys.stderr)
             GOALS.pause_if_active("interrupted by Ctrl-C")  # nor a continuation: only /goal resume lifts it
             print("\n[stopping the turn]", file=sys.stderr)
-            continue
-        if kind == "done":
-            break
-        if kind == "tick" and WAKER.due(value[0]):
-            with INBOX_LOCK:
-                INBOX.append(("wakeup", REMINDER + value[1]))
-            print("\n[wake-up due while the turn runs; it goes in as a steer]", file=sys.stderr)
-        if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
-            value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
-        elif kind == "ask":
-            questions.append(value)
-            if len(questions) == 1:
-                show(questions[0][0])
-        elif kind == "eof":
-            for _, reply in questions:
-                reply.put(False)
-            if questions:
-                print("\n[input closed; nobody can answer: refused]", file=sys.stderr)
-            questions.clear()
-        elif kind == "line" and questions and value.lower() in ANSWERS:
-            questions.pop(0)[1].put(ANSWERS[value.lower()])
-            if questions:
-                show(questions[0][0])
-        elif kind == "line" and value in ("/exit", "/quit"):
-            exiting = True
-            stop_all()
-        elif kind == "line" and is_goal_command(value):  # never for the model: pause stops the next turn, not this
-            GOALS.person_spoke()
-            GOALS.command(value)
-            if questions:  # it answers no question: the question stays
-                show(questions[0][0])
-        elif kind == "line" and value:
-            GOALS.person_spoke()
-            waits_as = "queued" if value.startswith(QUEUED) else "steer"
-            with INBOX_LOCK:
-                INBOX.append((waits_as, value.removeprefix(QUEUED).strip() if waits_as == "queued" else value))
-            where = "runs as its own turn after this one" if waits_as == "queued" else "goes in before the next request"
-            print(f"\n[{waits_as}: {where}]", file=sys.stderr)
-            if questions:  # a line that is no answer leaves the question up
-                show(questions[0][0])
     if STOPPING.is_set():
         outcome[0] = INTERRUPTED_TURN
     if outcome[0]:
@@ -2536,6 +2547,8 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             GOALS.pause_if_active(f"the turn failed: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
     GOALS.turn_ended()
+    if exiting:
+        GOALS.pause_if_active("/exit: nobody is here to watch it")
     resume_after_stop()
     return EXIT if exiting else outcome[0]
 
