@@ -2837,6 +2837,14 @@ def say(line: str) -> None:
         sys.stderr.flush()
 
 
+def tell(line: str) -> None:
+    """A line the main thread writes in answer to a line typed (/goal): at once, even while a
+    question is up, which stays (the loop shows it again) and holds the other threads' lines."""
+    with STATUS:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 def hold_status_lines(hold: bool, why: str = "question") -> None:
     """Start holding status lines back, or stop and write what was held once nothing holds
     them: a question is up, a line is being typed at the prompt, or the model's answer
@@ -3836,23 +3844,23 @@ class Goals:
         word = line.removeprefix("/goal").strip()
         with self.lock:
             if word not in ("", "pause", "resume", "clear"):
-                return say(f"[{GOAL_USAGE}]")
+                return tell(f"[{GOAL_USAGE}]")
             if not self.goal:
-                return say("[no goal: ask the model to create one]")
+                return tell("[no goal: ask the model to create one]")
             if word == "":
-                say(f"[goal {self.goal['status']}: {self.line()}]")
+                tell(f"[goal {self.goal['status']}: {self.line()}]")
             elif word == "pause" and self.goal["status"] in ("active", "budget_limited"):
                 self.change({**self.goal, "status": "paused"})
-                say(f"[goal paused: {self.line()} · /goal resume resumes]")
+                tell(f"[goal paused: {self.line()} · /goal resume resumes]")
             elif word == "resume" and self.goal["status"] != "complete":
                 spent = self.goal["token_budget"] and self.goal["tokens_used"] >= self.goal["token_budget"]
                 self.change({**self.goal, "status": "budget_limited" if spent else "active"})
-                say(f"[goal {self.goal['status']}: {self.line()}]")
+                tell(f"[goal {self.goal['status']}: {self.line()}]")
             elif word == "clear":
                 self.change(None)
-                say("[goal cleared]")
+                tell("[goal cleared]")
             else:
-                say(f"[goal {self.goal['status']}: {self.line()}; /goal {word} changes nothing]")
+                tell(f"[goal {self.goal['status']}: {self.line()}; /goal {word} changes nothing]")
 
     def turn_ended(self) -> None:
         """After every turn: the goal's state on the terminal, and its spending on disk."""
@@ -3992,15 +4000,12 @@ FOUND_TERMINAL = terminal_state()
 
 
 def restore_terminal() -> None:
-    """The terminal left as it was found, whatever happened in between: readline cut short,
-    an answer's colour left on (its reset, \\x1b[0m, is written only to a terminal)."""
+    """The terminal's modes left as they were found, whatever happened in between (readline
+    cut short by a signal puts them back itself, if it gets the chance)."""
     if FOUND_TERMINAL is None:
         return
     with contextlib.suppress(OSError, termios.error, ValueError):
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, FOUND_TERMINAL)
-        if sys.stderr.isatty():
-            sys.stderr.write("\x1b[0m")
-            sys.stderr.flush()
 
 
 def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI) -> None:
@@ -4207,7 +4212,7 @@ def turn(
         elif outcome[0] != ROUND_LIMIT:
             say(f"error: {outcome[0]}")
         if origin == "goal" and outcome[0] != INTERRUPTED_TURN:  # a failing continuation would fail again at once
-            GOALS.pause_if_active(f"the turn did not finish: {outcome[0]}")
+            GOALS.pause_if_active(f"the turn failed: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
     GOALS.turn_ended()
     if exiting:

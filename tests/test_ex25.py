@@ -54,7 +54,7 @@ from helpers import (
     wait_until,
 )
 
-PROGRAMS = [25, 26, 27]
+PROGRAMS = [25, 26, 27, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 TASK = "Tidy up the build scripts."
@@ -448,7 +448,10 @@ def test_two_children_ask_one_at_a_time_and_each_answer_reaches_its_own_command(
     terminal.line("For each project, one subagent.")
     terminal.wait_for(QUESTION)
     for name, command in commands.items():  # both children are at their question now
-        terminal.wait_for(f'[sub "{name}" round 1] bash({json.dumps({"command": command})})')
+        if chapter == "final":  # which holds the other child's status lines while a question is up
+            wait_until(lambda name=name: requests_of(provider, child_prompt(name)), f"{name}'s request")
+        else:
+            terminal.wait_for(f'[sub "{name}" round 1] bash({json.dumps({"command": command})})')
     with pytest.raises(TimeoutError):
         terminal.wait_for(QUESTION, count=2, timeout=0.5)  # the second waits for the first's answer
     first = next(name for name in commands if f'⚠  sub "{name}" wants to run: {commands[name]}\n' in terminal.text)

@@ -55,7 +55,7 @@ from helpers import (
     tool_names,
 )
 
-PROGRAMS = [27]
+PROGRAMS = [27, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 unit = pytest.mark.parametrize("loaded", PROGRAMS, indirect=True)
 
