@@ -41,9 +41,7 @@ class Resident:
         name = os.ttyname(slave)
         # setsid, then open the terminal: it becomes the controlling terminal, and the agent's
         # process group its foreground group, so that Ctrl-C typed here reaches the agent.
-        attach = (
-            "import os, sys; os.setsid(); os.close(os.open(sys.argv[1], os.O_RDWR)); os.execv(sys.argv[2], sys.argv[2:])"
-        )
+        attach = "import os, sys; os.setsid(); os.close(os.open(sys.argv[1], os.O_RDWR)); os.execv(sys.argv[2], sys.argv[2:])"
         self.process = subprocess.Popen(
             [sys.executable, "-c", attach, name, sys.executable, str(program(chapter)), *args],
             cwd=cwd,

@@ -268,7 +268,9 @@ def test_list_marks_a_compacted_session_and_counts_the_messages_on_disk(provider
     lines = {line.split()[0]: line for line in listing.stdout.splitlines()}
     on_disk = sum(r["type"] == "message" for r in file_records(path))
     assert on_disk == 9  # the resume loads 6: the summary stands for 4 of them
-    assert f" {on_disk} messages " in lines[SESSION_ID] and lines[SESSION_ID].endswith("  [compacted ×1]"), listing.stdout
+    assert f" {on_disk} messages " in lines[SESSION_ID] and lines[SESSION_ID].endswith("  [compacted ×1]"), (
+        listing.stdout
+    )
     assert f" {len(EARLIER)} messages " in lines[plain] and "compacted" not in lines[plain], listing.stdout
 
 
