@@ -49,6 +49,7 @@ import threading
 import time
 import unicodedata
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -782,9 +783,12 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
+            selector.register(WAKE[0], selectors.EVENT_READ)  # a stop: whatever still holds the pipe open
             while (left := deadline - time.monotonic()) > 0:
                 if not selector.select(left):
                     continue
+                if STOPPING.is_set():
+                    break
                 chunk = os.read(process.stdout.fileno(), 65536)
                 if not chunk:  # every writer has closed the pipe: the command is done
                     status = process.wait(max(0.0, deadline - time.monotonic()))
@@ -2881,6 +2885,30 @@ def stop_all() -> None:
         for stop in RUNNING:
             with contextlib.suppress(Exception):  # done already (a socket closed, a group gone): nothing to stop
                 stop()
+    for connection in list(SOCKETS):  # a request still waiting for its first byte: its connection ends too
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
+
+
+SOCKETS: weakref.WeakSet = weakref.WeakSet()  # every connection the SDK's client opened, while it is open
+
+
+def http_client() -> object:
+    """The SDK's HTTP client, noting the socket of each connection it opens. A request that
+    waits for the server's first byte has no stream yet, so no socket a stop could reach
+    through it; left open, the server would go on working on it, and bill for it. So a
+    stop shuts every connection (a new one is opened for the next request)."""
+    import openai
+
+    def noted(event: str, info: dict) -> None:
+        if event == "connection.connect_tcp.complete":
+            with contextlib.suppress(Exception):  # a transport without a socket: nothing to note
+                SOCKETS.add(info["return_value"].get_extra_info("socket"))
+
+    def traced(request: object) -> None:
+        request.extensions["trace"] = noted
+
+    return openai.DefaultHttpxClient(event_hooks={"request": [traced]})
 
 
 def stoppable_call(call: Callable[[], object]) -> object:
@@ -3941,7 +3969,8 @@ def main(args: list[str]) -> int:
             start_sandbox()
         import openai  # here, not at the top: -list, -restore and -h never pay for importing the SDK
 
-        client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, max_retries=0)  # send() retries, and says so
+        # send() retries, and says so; the HTTP client notes its sockets, for stop_all() to shut.
+        client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, max_retries=0, http_client=http_client())
         resumed = open_session(resume_id) if resume_id is not None else None  # a wrong ID starts no server
         start_servers(registry, MCP_TIMEOUT)  # their tools before sub_agent's, and before the estimate that counts them
         if resumed:

@@ -451,9 +451,12 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
+            selector.register(WAKE[0], selectors.EVENT_READ)  # a stop: whatever still holds the pipe open
             while (left := deadline - time.monotonic()) > 0:
                 if not selector.select(left):
                     continue
+                if STOPPING.is_set():
+                    break
                 chunk = os.read(process.stdout.fileno(), 65536)
                 if not chunk:  # every writer has closed the pipe: the command is done
                     status = process.wait(max(0.0, deadline - time.monotonic()))
@@ -1997,7 +2000,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
             while kind == "ask" or kind == "tick" and not WAKER.due(line[0]):
                 kind, line = next_event()
         except KeyboardInterrupt:  # with a wake-up armed, Ctrl-C stops the loop; without, it ends the conversation
-            if not WAKER.cancel():
+            if ENDING or not WAKER.cancel():  # a kill or a closed terminal ends the agent, armed or not
                 raise
             print("\n[wake-up loop stopped; the agent is still here: Ctrl-C again or /exit to leave]", file=sys.stderr)
             continue
@@ -2559,9 +2562,7 @@ def heal(history: list[dict], note: str) -> None:
     if history[-1]["role"] == "assistant" and not history[-1].get("tool_calls"):  # it answered: nothing to heal
         return
     if history[-1].get("tool_calls"):  # its calls on disk, none of them run
-        history += [
-            {"role": "tool", "tool_call_id": call["id"], "content": NOT_RUN} for call in history[-1]["tool_calls"]
-        ]
+        history += [{"role": "tool", "tool_call_id": c["id"], "content": NOT_RUN} for c in history[-1]["tool_calls"]]
     history.append({"role": "assistant", "content": note})
 
 
