@@ -469,3 +469,113 @@ def test_sigkill_at_startup_never_announces_a_session_that_is_not_on_disk(
         messages = fp.chat_requests[0]["messages"]
     assert sequence_error(messages) is None
     assert [(m["role"], m["content"]) for m in messages[1:]] == [("user", "a task 🚀"), ("user", "go on")]
+
+
+# ---------------------------------------------------------------- a conversation's file: every kind of record
+
+
+def record(value: dict) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode() + b"\n"
+
+
+def message(role: str, content: str, **extra: object) -> dict:
+    return {"role": role, "content": content, **extra}
+
+
+def conversation_file(session_id: str) -> bytes:
+    """A resident conversation's file as agent.py writes one: messages with an origin beside
+    them, wake-up and goal records, and two compactions, the second keeping messages that
+    reach back across the first (so that a resume must walk back over it)."""
+    goal = {"objective": "Ship 版本 2 ✓", "status": "active", "token_budget": 0, "tokens_used": 120}
+    armed = {"type": "wakeup", "armed": True, "prompt": "check the build", "reason": "poll"}
+    goal_record = {"type": "goal", "goal": goal}
+    later_goal = {"type": "goal", "goal": {**goal, "tokens_used": 480}}
+    lines = [
+        record({"type": "meta", "id": session_id, "created_at": "2026-12-01T09:00:00+00:00", "version": 1}),
+        record({"type": "message", "message": message("system", "You are a coding agent.")}),
+        record({"type": "message", "message": message("user", "Make it a goal: ship 版本 2")}),
+        record(goal_record),
+        record({"type": "message", "message": message("assistant", "Goal set 🎯")}),
+        record({"type": "message", "message": message("user", "<goal_context>go on</goal_context>"), "origin": "goal"}),
+        record(armed),
+        record({"type": "message", "message": message("assistant", "Polling.")}),
+        record(
+            {"type": "compaction", "summary": "一: set a goal, polling", "kept": 2, "carried": [goal_record, armed]}
+        ),
+        record({"type": "message", "message": message("user", "also 测试"), "origin": "steer"}),
+        record(later_goal),
+        record({"type": "message", "message": message("assistant", "Tests too.")}),
+        # Keeps the last 4 of [system, summary one, goal_context, Polling., also 测试, Tests too.]:
+        # two of them from before the compaction above.
+        record({"type": "compaction", "summary": "二: tests", "kept": 4, "carried": [later_goal, armed]}),
+        record(
+            {
+                "type": "message",
+                "message": message("user", "<system-reminder>due</system-reminder>"),
+                "origin": "wakeup",
+            }
+        ),
+        record({"type": "wakeup", "armed": False, "prompt": "", "reason": "cancelled"}),
+        record({"type": "message", "message": message("assistant", "Done ✅")}),
+    ]
+    return b"".join(lines)
+
+
+def replayed_state(data: bytes) -> tuple[list[dict], dict]:
+    """What the complete lines of data hold, replayed independently of the agent: the history
+    (a compaction folds it) and the last wake-up and goal records (a compaction carries the
+    ones in force when it was written)."""
+    history: list[dict] = []
+    state: dict = {}
+    for line in data.split(b"\n")[:-1]:
+        value = json.loads(line)
+        if value["type"] == "message":
+            history.append(value["message"])
+        elif value["type"] == "compaction":
+            summary = {"role": "user", "content": f"[summary of the earlier conversation]\n{value['summary']}"}
+            history = [history[0], summary, *history[len(history) - value["kept"] :]]
+            state = {carried["type"]: carried for carried in value["carried"]}  # the state in force then
+        elif value["type"] in ("wakeup", "goal"):
+            state[value["type"]] = value
+    return history, state
+
+
+def test_a_conversations_file_cut_at_every_byte_offset_resumes_its_live_part(
+    fast_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every new kind of record has the guarantees of the others: cut at any byte, the file
+    resumes with every complete record before the cut; the resume, which reads back from the
+    last compaction, finds the same history and the same state records as a replay of the
+    whole file; the origins never reach the request."""
+    agent = load_agent(monkeypatch, fast_dir)
+    (fast_dir / ".sessions").mkdir(mode=0o700)
+    session_id = "20261201-090000-0123abcd"
+    data = conversation_file(session_id)
+    path = fast_dir / ".sessions" / f"{session_id}.jsonl"
+    ends = [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    failures: list[str] = []
+    for offset in range(len(data) + 1):
+        boundary = boundary_of(data, ends, offset)
+        history, state = replayed_state(data[:boundary])
+        path.write_bytes(data[:offset])
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                session = agent.open_session(session_id)
+            try:
+                assert session.history == history, "the history differs from a replay of the complete records"
+                for kind in ("wakeup", "goal"):
+                    found = session.state.get(kind)
+                    want = state.get(kind)
+                    assert found == want, (kind, found, want)
+                sent = agent.sendable(session.history)
+                assert sequence_error(sent) is None
+                assert all(set(m) <= {"role", "content", "tool_calls", "tool_call_id"} for m in sent), sent
+            finally:
+                os.close(session.fd)
+        except Exception as error:  # noqa: BLE001 — report the offset, keep going for a few more
+            failures.append(
+                f"offset {offset} of {len(data)}: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+            )
+            if len(failures) >= 5:
+                break
+    assert not failures, "\n".join(failures)
