@@ -757,7 +757,7 @@ def stop_signals_held():
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-    if held:
+    if held and previous[held[0]] is not signal.SIG_IGN:  # ignored: the agent is ending already
         stop(held[0], None)
 
 
@@ -3353,7 +3353,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
 # A thread reads the lines typed; the turn's thread (and a child's) asks its
 # questions; a wake-up's timer says it is due: all post events to one queue, which
 # the main thread takes in the order they happened. Signals reach only the main
-# thread, between two short waits for the next event. The main thread runs no turn.
+# thread, as it waits for an event or handles one. The main thread runs no turn.
 
 EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
@@ -3458,17 +3458,21 @@ class Keyboard:
                 self.readline.redisplay()
 
         self.readline.set_pre_input_hook(started)
-        self.editing, self.history = False, self.readline.get_current_history_length()
         sys.stderr.write("\n")
         hold_status_lines(True, "prompt")  # a line from a thread would tear the one being typed: it waits
         try:
-            PROMPTING.set()  # inside the try: a nudge may come at once
-            return "line", input("> ").strip()
+            while True:
+                self.editing, self.history = False, self.readline.get_current_history_length()
+                try:
+                    PROMPTING.set()  # inside the try: a nudge may come at once
+                    return "line", input("> ").strip()
+                except Nudged:
+                    with contextlib.suppress(queue.Empty):  # what is due; nothing (a nudge once more): back to it
+                        return EVENTS.get_nowait()
+                    carried, self.carried = self.carried, ""
         except EOFError:
             INPUT_CLOSED.set()
             return "eof", None
-        except Nudged:
-            return next_event()
         finally:
             PROMPTING.clear()
             hold_status_lines(False, "prompt")
@@ -3485,11 +3489,15 @@ class Keyboard:
 KEYBOARD = Keyboard()
 
 
-def next_event() -> tuple[str, object]:
-    """The next event; waits are short so that a signal is handled at once."""
+def next_event(finished: threading.Event | None = None) -> tuple[str, object]:
+    """The next event; waits are short so that a signal is handled at once. A turn's end is also
+    seen in finished: a Ctrl-C the moment its "done" was taken would lose it."""
     while True:
-        with contextlib.suppress(queue.Empty):
+        try:
             return EVENTS.get(timeout=0.1)
+        except queue.Empty:
+            if finished and finished.is_set():
+                return "done", None
 
 
 def taken(*origins: str, first: bool = False) -> list[tuple[str, str]]:
@@ -3523,9 +3531,14 @@ PROMPTING = threading.Event()  # the main thread waits for a line at the prompt,
 
 
 def nudge() -> None:
-    """Wake the main thread if it waits at the prompt: a tick must not wait for a line."""
-    if PROMPTING.is_set():
+    """Wake the main thread if it waits at the prompt: a tick must not wait for a line. Again
+    if need be: a signal that comes as readline starts, before it waits for a key, is seen
+    only at the next one (the prompt goes back to readline when nothing is due)."""
+    for _ in range(25):
+        if not PROMPTING.is_set():
+            return
         signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
+        time.sleep(0.2)
 
 
 def ignore_stop_signals() -> None:
@@ -3585,7 +3598,7 @@ class Waker:
             self.started = self.started or time.monotonic()
             left = self.started + LIFETIME - time.monotonic()
             pending = self.timer is not None
-            self.stop(keep_lifetime=left >= 1)  # replace, never stack; past its lifetime the loop ends
+            self.stop(keep_lifetime=True)  # replace, never stack; refused, a new arm is refused too
             if left >= 1:
                 delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
                 self.start(delay, prompt, reason, repeat)
@@ -4086,7 +4099,7 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int, task_gi
         try:
             kind, line = KEYBOARD.prompt()
             # Left by a stopped turn (a question it answered no), or a wake-up replaced or cancelled since.
-            while kind == "ask" or kind == "tick" and not WAKER.due(line[0]):
+            while kind in ("ask", "done") or kind == "tick" and not WAKER.due(line[0]):
                 kind, line = KEYBOARD.prompt()
         except KeyboardInterrupt:  # with a wake-up armed, Ctrl-C stops the loop; without, it ends the conversation
             if ENDING or not WAKER.cancel():
@@ -4158,7 +4171,9 @@ def turn(
             outcome[0] = f"the turn failed ({type(error).__name__}: {safe(str(error), 300)})"
         finally:
             EVENTS.put(("done", None))
+            finished.set()  # after: a "done" taken from the queue is never one still to come
 
+    finished = threading.Event()
     worker = threading.Thread(target=work, name="turn", daemon=True)
     worker.start()
     KEYBOARD.turn_starts()
@@ -4166,7 +4181,7 @@ def turn(
     exiting = False
     while True:
         try:
-            kind, value = next_event()
+            kind, value = next_event(finished)
             if kind == "done":
                 break
             if kind == "tick" and WAKER.due(value[0]):
@@ -4243,9 +4258,9 @@ def turn(
         if origin == "goal" and outcome[0] != INTERRUPTED_TURN:  # a failing continuation would fail again at once
             GOALS.pause_if_active(f"the turn failed: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
-    GOALS.turn_ended()
     if exiting:
         GOALS.pause_if_active("/exit: nobody is here to watch it")
+    GOALS.turn_ended()
     resume_after_stop()
     return EXIT if exiting else outcome[0]
 

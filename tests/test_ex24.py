@@ -252,8 +252,7 @@ def test_ctrl_c_at_the_prompt_ends_the_agent_with_130_and_the_hint(
     terminal.wait_prompt(1)
     terminal.line("Hi")
     terminal.wait_prompt(2)
-    terminal.type("\x03")
-    assert terminal.wait_exit() == 130, terminal.text
+    assert terminal.interrupt_to_exit() == 130, terminal.text
     tail = after_last_prompt(terminal)
     assert "interrupted" in tail and tail.endswith(hint(new_session_id(terminal.text)) + "\n"), tail
     assert "Traceback" not in terminal.text

@@ -455,8 +455,7 @@ def test_ctrl_c_at_the_prompt_stops_the_loop_keeps_the_agent_and_a_second_one_en
     quiet_for(provider, terminal, 2)
     assert len(provider.chat_requests) == 2
 
-    terminal.type("\x03")
-    assert terminal.wait_exit() == 130, terminal.text
+    assert terminal.interrupt_to_exit() == 130, terminal.text
     tail = terminal.text.rsplit(STOPPED_AT_PROMPT, 1)[1]
     assert "interrupted" in tail and tail.endswith(hint(new_session_id(terminal.text)) + "\n"), tail
     assert "Traceback" not in terminal.text

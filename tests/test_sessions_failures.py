@@ -227,8 +227,11 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
             live.signal(signal.SIGINT)
             code, out, err = live.finish(timeout=30)
         requests = fp.chat_requests
-    # The call is on disk, saved before it could run; the resume answers it "interrupted", in the request.
-    assert [shape(m) for m in chain.check("run it", err, requests)] == [("assistant", None, None, ("call_c2",))]
+    # The call is on disk, saved before it could run, and its result: the stop answered the question no.
+    assert [shape(m) for m in chain.check("run it", err, requests)] == [
+        ("assistant", None, None, ("call_c2",)),
+        ("tool", "<result>", "call_c2", ()),
+    ]
     interrupted(code, err, chain.id)
 
     # Mid-tool: an approved command is running; Ctrl-C also stops the command.
@@ -245,7 +248,8 @@ def test_ctrl_c_mid_stream_and_mid_tool(workdir: Path) -> None:
                 kill_quietly(sleeper)
         requests = fp.chat_requests
     assert [shape(m) for m in chain.check("run the long one", err, requests)] == [
-        ("assistant", None, None, ("call_c3",))
+        ("assistant", None, None, ("call_c3",)),
+        ("tool", "<result>", "call_c3", ()),  # killed by the stop: "interrupted by the user"
     ]
     interrupted(code, err, chain.id)
 

@@ -129,9 +129,9 @@ def test_bad_input_is_one_clean_error(
     assert not (workdir.parent / "x").exists() and not (workdir / "a").exists()
 
 
+# -c ID without a follow-up is no error: it resumes the session as a conversation (tests/test_ex24.py).
 USAGE_ERRORS = [
     ("-c without an ID", ["-c"]),
-    ("-c ID without a follow-up", ["-c", ID]),
     ("-c ID with a blank follow-up", ["-c", ID, "   "]),
     ("--continue without an ID", ["--continue"]),
 ]

@@ -1964,7 +1964,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
             return 0
         print("\n> ", end="", file=sys.stderr, flush=True)
         kind, line = next_event()  # a Ctrl-C here ends the conversation
-        while kind == "ask":  # left by a stopped turn, and answered no by the stop already
+        while kind in ("ask", "done"):  # left by a stopped turn: answered no, or seen ended already
             kind, line = next_event()
         if kind == "eof" or line in ("/exit", "/quit"):
             return 0
@@ -1996,7 +1996,7 @@ def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | No
 # ---- the terminal: one reader, and the main thread handles what happens in order ----
 # A thread reads the lines typed; the turn's thread asks its questions; both post
 # events to one queue, which the main thread takes in the order they happened.
-# Signals reach only the main thread, between two waits for the next event.
+# Signals reach only the main thread, as it waits for an event or handles one.
 
 EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done"
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
@@ -2017,11 +2017,15 @@ def read_terminal() -> None:
     EVENTS.put(("eof", None))
 
 
-def next_event() -> tuple[str, object]:
-    """The next event; waits are short so that a Ctrl-C is handled at once."""
+def next_event(finished: threading.Event | None = None) -> tuple[str, object]:
+    """The next event; waits are short so that a Ctrl-C is handled at once. A turn's end is also
+    seen in finished: a Ctrl-C the moment its "done" was taken would lose it."""
     while True:
-        with contextlib.suppress(queue.Empty):
+        try:
             return EVENTS.get(timeout=0.1)
+        except queue.Empty:
+            if finished and finished.is_set():
+                return "done", None
 
 
 def taken(origin: str, first: bool = False) -> list[str]:
@@ -2069,13 +2073,15 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             outcome[0] = str(failure)
         finally:
             EVENTS.put(("done", None))
+            finished.set()  # after: a "done" taken from the queue is never one still to come
 
+    finished = threading.Event()
     threading.Thread(target=work, daemon=True).start()
     questions: list[tuple[str, queue.SimpleQueue]] = []  # the first is on the screen; the others wait
     exiting = False
     while True:
         try:
-            kind, value = next_event()
+            kind, value = next_event(finished)
             if kind == "done":
                 break
             if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):

@@ -1997,7 +1997,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
             print("\n> ", end="", file=sys.stderr, flush=True)
             kind, line = next_event()
             # Left by a stopped turn (a question it answered no), or a wake-up replaced or cancelled since.
-            while kind == "ask" or kind == "tick" and not WAKER.due(line[0]):
+            while kind in ("ask", "done") or kind == "tick" and not WAKER.due(line[0]):
                 kind, line = next_event()
         except KeyboardInterrupt:  # with a wake-up armed, Ctrl-C stops the loop; without, it ends the conversation
             if ENDING or not WAKER.cancel():  # a kill or a closed terminal ends the agent, armed or not
@@ -2044,7 +2044,7 @@ def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | No
 # ---- the terminal: one reader, and the main thread handles what happens in order ----
 # A thread reads the lines typed; the turn's thread asks its questions; both post
 # events to one queue, which the main thread takes in the order they happened.
-# Signals reach only the main thread, between two waits for the next event.
+# Signals reach only the main thread, as it waits for an event or handles one.
 
 EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
@@ -2065,11 +2065,15 @@ def read_terminal() -> None:
     EVENTS.put(("eof", None))
 
 
-def next_event() -> tuple[str, object]:
-    """The next event; waits are short so that a Ctrl-C is handled at once."""
+def next_event(finished: threading.Event | None = None) -> tuple[str, object]:
+    """The next event; waits are short so that a Ctrl-C is handled at once. A turn's end is also
+    seen in finished: a Ctrl-C the moment its "done" was taken would lose it."""
     while True:
-        with contextlib.suppress(queue.Empty):
+        try:
             return EVENTS.get(timeout=0.1)
+        except queue.Empty:
+            if finished and finished.is_set():
+                return "done", None
 
 
 def taken(*origins: str, first: bool = False) -> list[tuple[str, str]]:
@@ -2150,7 +2154,7 @@ class Waker:
             self.started = self.started or time.monotonic()
             left = self.started + LIFETIME - time.monotonic()
             pending = self.timer is not None
-            self.stop(keep_lifetime=left >= 1)  # replace, never stack; past its lifetime the loop ends
+            self.stop(keep_lifetime=True)  # replace, never stack; refused, a new arm is refused too
             if left >= 1:
                 delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
                 self.start(delay, prompt, reason, repeat)
@@ -2474,13 +2478,15 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             outcome[0] = str(failure)
         finally:
             EVENTS.put(("done", None))
+            finished.set()  # after: a "done" taken from the queue is never one still to come
 
+    finished = threading.Event()
     threading.Thread(target=work, daemon=True).start()
     questions: list[tuple[str, queue.SimpleQueue]] = []  # the first is on the screen; the others wait
     exiting = False
     while True:
         try:
-            kind, value = next_event()
+            kind, value = next_event(finished)
             if kind == "done":
                 break
             if kind == "tick" and WAKER.due(value[0]):
@@ -2549,9 +2555,9 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
         if origin == "goal" and outcome[0] != INTERRUPTED_TURN:  # a failing continuation would fail again at once
             GOALS.pause_if_active(f"the turn failed: {outcome[0]}")
     taken("goal")  # a budget's wrap-up note the turn ended before: told on the terminal already, not paid for
-    GOALS.turn_ended()
     if exiting:
         GOALS.pause_if_active("/exit: nobody is here to watch it")
+    GOALS.turn_ended()
     resume_after_stop()
     return EXIT if exiting else outcome[0]
 
