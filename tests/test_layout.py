@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, hermetic_env, program, run_agent
 from fake_provider import text
 
-CHAPTERS = range(1, 25)
+CHAPTERS = range(1, 28)
 PROGRAMS = [*CHAPTERS, "final"]
 REPLS = {3, 4}  # chapters 3 and 4 read their questions from stdin
 # The most non-blank lines a chapter may add to the one before it: a learner types them in a sitting.
