@@ -165,7 +165,7 @@ def waker(loaded: ModuleType) -> Iterator[object]:
 
 
 @units
-def test_arming_after_the_lifetime_has_passed_fails_stops_the_old_timer_and_resets_the_loop(
+def test_arming_after_the_lifetime_has_passed_fails_stops_the_old_timer_and_ends_the_loop(
     loaded: ModuleType, waker: object
 ) -> None:
     assert waker.arm(0.2, "old", "r", True).startswith("scheduled in 0.2 s, repeating")
@@ -174,8 +174,12 @@ def test_arming_after_the_lifetime_has_passed_fails_stops_the_old_timer_and_rese
     result = waker.arm(0.1, "new", "r", False)
     assert result.startswith("error:") and "lifetime of 1800 s" in result, result
     assert not armed(waker)
-    assert waker.started is None  # a new loop gets its whole lifetime
     no_event(loaded, 0.6)  # neither the old repeat (every 0.2 s) nor the refused one
+    # The loop has ended: arming again at once is refused too (the book's reset let a model go
+    # on for ever, one refusal a lifetime); once the turn is over, a new loop gets its whole one.
+    assert waker.arm(60, "again", "r", False).startswith("error:")
+    waker.turn_ended()
+    assert waker.started is None
     assert waker.arm(60, "again", "r", False) == "scheduled in 60 s; you may end this turn"
 
 
