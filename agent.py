@@ -9,14 +9,18 @@ and stopped together, and the defences that hostile inputs call for: one
 list of guarded paths for the file tools and bash, questions answered only
 at the terminal, the API key kept out of commands and records, atomic
 writes, and streams, files and settings read as the untrusted things they
-are. exercises/production/README.md walks through every addition; its table
-of contents is
+are; and a conversation a person can stay in all day: lines edited at the
+prompt, status lines that never tear an answer, the terminal left as it was
+found, every request closed by a stop, a resume that reads only the part it
+sends. exercises/production/README.md walks through every addition; its
+table of contents is
 
-    diff -u exercises/ex21/agent.py agent.py
+    diff -u exercises/ex27/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
     python agent.py -list
+    python agent.py                       # the conversation: a turn for each line typed
 """
 
 from __future__ import annotations
@@ -1437,6 +1441,7 @@ class Session:
         self.origins: dict[int, str] = {}  # id() of a message nobody typed: where it came from
         self.state: dict = {}  # the last "wakeup" and "goal" records read back, if any
         self.lock = threading.Lock()  # a wake-up's or a goal's record may come from another thread
+        self.window: int | None = None  # the window a server's refusal named, once one did
 
     def add(self, text: str, origin: str = "") -> None:
         """A user message; origin ("steer", "queued", "wakeup", "goal") says who put it there, in
@@ -1955,6 +1960,8 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
         elif kind == b"meta" and start == 0:
             with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                 created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
+        elif kind in (b"wakeup", b"goal"):  # a conversation's state: no message, no damage
+            pass
         elif data[start:end].strip():  # a blank line is no damage; a header further down is
             damaged = True
         start = end + 1
@@ -2175,6 +2182,8 @@ def compact(client: openai.OpenAI, session: Session, window: int, last_resort: b
     except Exception as error:  # whatever the server does, the conversation is still whole
         if refusal := too_long(error):
             raise refusal from None
+        if STOPPING.is_set():  # a stop cut the summary short: the turn ends, it does not go on
+            return False
         reason = describe(error) if isinstance(error, openai.APIError) else safe(str(error), 300)
         print(f"warning: compaction failed ({reason}); going on with the whole conversation", file=sys.stderr)
         return False
@@ -2184,6 +2193,18 @@ def compact(client: openai.OpenAI, session: Session, window: int, last_resort: b
 
 
 # ---- one model turn: stream the text, assemble the tool calls ----
+
+
+def start_quietly(thread: threading.Thread) -> threading.Thread:
+    """Start thread with the stop signals blocked, which it keeps: they are the main thread's.
+    A Ctrl-C the kernel gave another thread would wait for the main thread to run Python
+    again, and a main thread inside readline, or a read of a stream, does not."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    return thread
 
 
 class Watchdog:
@@ -2201,14 +2222,7 @@ class Watchdog:
     def watch(self, stream: object) -> int:
         with self.changed:
             if self.thread is None:  # started at the first stream: -list, -h and -restore start none
-                self.thread = threading.Thread(target=self.run, name="watchdog", daemon=True)
-                # With the stop signals blocked, which it inherits: a Ctrl-C the kernel gave this thread
-                # would wait for the main thread to run Python again, and a read of a stream does not.
-                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-                try:
-                    self.thread.start()
-                finally:
-                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                self.thread = start_quietly(threading.Thread(target=self.run, name="watchdog", daemon=True))
             key = id(stream)
             self.watched[key] = [time.monotonic() + STREAM_TIMEOUT, stream, False]
             self.changed.notify()
@@ -2933,12 +2947,7 @@ def stoppable_call(call: Callable[[], object]) -> object:
             abandoned.append(True)
             box.put(Failure("interrupted: the run is stopping"))
 
-    thread = threading.Thread(target=work, daemon=True)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # a signal is the main thread's, not its
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    start_quietly(threading.Thread(target=work, daemon=True))
     stoppable(stop)
     try:
         result = box.get()
@@ -3028,7 +3037,7 @@ class MCPServer:
             )  # fmt: skip
             SERVERS.append(self)
         os.set_blocking(self.process.stdin.fileno(), False)  # send() waits for room itself, with a deadline
-        threading.Thread(target=self.relay_stderr, daemon=True).start()
+        start_quietly(threading.Thread(target=self.relay_stderr, daemon=True))
 
     def relay_stderr(self) -> None:
         """Its log, on our stderr: each line whole, escaped, cut at 500 characters, saying whose."""
@@ -3356,6 +3365,7 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
 # thread, as it waits for an event or handles one. The main thread runs no turn.
 
 EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
+CONVERSATION = threading.Event()  # this run is a conversation, not a one-shot task
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
 LINES_ANSWER = threading.Event()  # stdin is the terminal: a y typed after a question answers it
 INBOX: list[tuple[str, str]] = []  # (origin, text): a "steer", "wakeup" or "goal" for the turn, "queued" for after
@@ -3386,6 +3396,7 @@ class Keyboard:
         self.carried = ""  # typed at the prompt (or into a line a turn did not see end): the next prompt starts with it
         self.editing = False  # readline is reading a line: what its buffer holds was typed for it
         self.history = 0  # readline's history length when the prompt began: one more, and the line was accepted
+        self.typed: str | None = None  # what a nudge found typed; None: readline had not begun the line
 
     def start(self) -> None:
         if sys.stdin is None:  # started with its input closed (<&-): nobody will type
@@ -3397,12 +3408,7 @@ class Keyboard:
 
                 self.readline, self.reading = readline, False
                 signal.signal(signal.SIGURG, self.nudged)
-        thread = threading.Thread(target=self.read, name="keyboard", daemon=True)
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # signals are the main thread's
-        try:
-            thread.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        start_quietly(threading.Thread(target=self.read, name="keyboard", daemon=True))
 
     def read(self) -> None:
         """The thread: whole lines, as a terminal in its usual (canonical) mode hands them over."""
@@ -3462,14 +3468,21 @@ class Keyboard:
         hold_status_lines(True, "prompt")  # a line from a thread would tear the one being typed: it waits
         try:
             while True:
-                self.editing, self.history = False, self.readline.get_current_history_length()
+                self.editing, self.history, self.typed = False, self.readline.get_current_history_length(), None
                 try:
                     PROMPTING.set()  # inside the try: a nudge may come at once
+                    with contextlib.suppress(queue.Empty):  # posted as the prompt began: no nudge reached it
+                        self.carried, event = carried, EVENTS.get_nowait()
+                        return event
                     return "line", input("> ").strip()
                 except Nudged:
-                    with contextlib.suppress(queue.Empty):  # what is due; nothing (a nudge once more): back to it
-                        return EVENTS.get_nowait()
-                    carried, self.carried = self.carried, ""
+                    carried = carried if self.typed is None else self.typed  # None: readline had not begun
+                    with contextlib.suppress(queue.Empty):  # what is due; the next prompt starts with what was typed
+                        self.carried, event = carried, EVENTS.get_nowait()
+                        return event
+                    # Nothing due (a nudge once more): the prompt is drawn again, not beside itself.
+                    sys.stdout.write("\r\x1b[K")
+                    sys.stdout.flush()
         except EOFError:
             INPUT_CLOSED.set()
             return "eof", None
@@ -3482,7 +3495,7 @@ class Keyboard:
         was accepted already (readline added it to the history: input() is returning it)."""
         if PROMPTING.is_set() and self.readline.get_current_history_length() == self.history:
             if self.editing:
-                self.carried = self.readline.get_line_buffer()
+                self.typed = self.readline.get_line_buffer()
             raise Nudged
 
 
@@ -3530,12 +3543,12 @@ def show_question(question: str) -> None:
 PROMPTING = threading.Event()  # the main thread waits for a line at the prompt, in readline
 
 
-def nudge() -> None:
+def nudge(waiting: Callable[[], bool]) -> None:
     """Wake the main thread if it waits at the prompt: a tick must not wait for a line. Again
-    if need be: a signal that comes as readline starts, before it waits for a key, is seen
-    only at the next one (the prompt goes back to readline when nothing is due)."""
+    while what was posted still waits: a signal that comes as readline starts, before it
+    waits for a key, is seen only at the next one (a nudge with nothing due goes back)."""
     for _ in range(25):
-        if not PROMPTING.is_set():
+        if not (PROMPTING.is_set() and waiting()):
             return
         signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
         time.sleep(0.2)
@@ -3613,11 +3626,7 @@ class Waker:
     def start(self, delay: float, prompt: str, reason: str, repeat: bool) -> None:
         self.timer = threading.Timer(delay, self.fire, (self.generation, delay, prompt, reason, repeat))
         self.timer.daemon = True
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # signals are the main thread's
-        try:
-            self.timer.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        start_quietly(self.timer)
 
     def stop(self, keep_lifetime: bool = False) -> None:
         if self.timer:
@@ -3643,7 +3652,7 @@ class Waker:
             prompt += f"\n\n(This was the last wake-up of this loop: it reached its lifetime of {LIFETIME} s.)"
         if post:
             EVENTS.put(("tick", (generation, prompt)))
-            nudge()
+            nudge(lambda: self.waiting and self.generation == generation)
 
     def armed(self) -> bool:
         return self.timer is not None
@@ -3996,7 +4005,7 @@ def main(args: list[str]) -> int:
                     f"warning: the skill(s) {', '.join(gone)} this session lists are gone; a call of one fails",
                     file=sys.stderr,
                 )
-            offer_tools(session, found, client)
+            offer_tools(session, found, client, task is None)
             print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
             report_state(session)
             # Before the first request only an estimate: the API has counted nothing yet.
@@ -4011,7 +4020,7 @@ def main(args: list[str]) -> int:
             system = {"role": "system", "content": system_prompt(skills)}
             first = [{"role": "user", "content": task}] if task is not None else []
             session = create_session([system, *first], sorted(skills))
-            offer_tools(session, found, client)
+            offer_tools(session, found, client, task is None)
             print(f"[new session {session.id}]", file=sys.stderr)
             used = estimate([session.history, registry.definitions()])
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
@@ -4050,10 +4059,11 @@ def restore_terminal() -> None:
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, FOUND_TERMINAL)
 
 
-def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI) -> None:
+def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI, conversation: bool) -> None:
     """The tools that go with a session, before the estimate that counts them: the skill
     tool, exactly when the session's prompt lists skills (a resumed one: the list it
-    started with), with what the list costs; then sub_agent and workflow."""
+    started with), with what the list costs; then sub_agent and workflow; in a
+    conversation, after them (a child has no conversation), the wake-up and the goal's."""
     if session.skills:
         registry.register(SKILL, lambda args: load_skill(args, session.skills, found))
     report_manifest(session.history, session.skills)
@@ -4062,6 +4072,11 @@ def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI
         registry.register(
             tool, functools.partial(run_it, client=client, parent=session, tools=child_tools), takes_call=True
         )
+    if conversation:
+        registry.register(SCHEDULE_WAKEUP, schedule_wakeup)
+        registry.register(GET_GOAL, lambda args: GOALS.report())
+        registry.register(CREATE_GOAL, GOALS.create)
+        registry.register(UPDATE_GOAL, GOALS.update)
 
 
 def run(client: openai.OpenAI, session: Session, window: int, used: int, task_given: bool) -> int:
@@ -4077,11 +4092,8 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int, task_gi
         if outcome:
             raise Failure(outcome)
         return 0
-    registry.register(SCHEDULE_WAKEUP, schedule_wakeup)  # after sub_agent: a child has no conversation to wake
-    registry.register(GET_GOAL, lambda args: GOALS.report())
-    registry.register(CREATE_GOAL, GOALS.create)
-    registry.register(UPDATE_GOAL, GOALS.update)
     say("[one turn a line · /q LINE runs after the turn · /goal · /exit or Ctrl-D ends · Ctrl-C stops the turn]")
+    CONVERSATION.set()
     if sys.stdin is not None and sys.stdin.isatty():  # a person types here: their lines may answer questions
         LINES_ANSWER.set()
     KEYBOARD.start()
@@ -4174,8 +4186,7 @@ def turn(
             finished.set()  # after: a "done" taken from the queue is never one still to come
 
     finished = threading.Event()
-    worker = threading.Thread(target=work, name="turn", daemon=True)
-    worker.start()
+    worker = start_quietly(threading.Thread(target=work, name="turn", daemon=True))  # its children inherit that
     KEYBOARD.turn_starts()
     questions: list[tuple[str, queue.SimpleQueue]] = []  # the first is on the screen; the others wait
     exiting = False
@@ -4281,7 +4292,7 @@ def rounds(client: openai.OpenAI, session: Session, window: int, used: int | Non
     """The agent loop for one turn: save after every round, make room before the window
     fills. used: the tokens of the history and the tools, estimated (None: count them).
     None once the model answers or a stop signal ends the turn; ROUND_LIMIT at the limit."""
-    history = session.history
+    history, window = session.history, session.window or window  # a window a refusal named holds for the run
     used = estimate([history, registry.definitions()]) if used is None else used
     # The last count the API gave covers history[:counted]; what came after (tool
     # results, a new request) is estimated. Until the API has spoken, all of it is.
@@ -4304,7 +4315,7 @@ def rounds(client: openai.OpenAI, session: Session, window: int, used: int | Non
         except TooLong as refusal:
             # The server's window is smaller than the table said, or the session grew too
             # long before compaction: make room and try once more. A second refusal ends the turn.
-            window = make_room(client, session, window, refusal, used + estimate(history[counted:]))
+            window = session.window = make_room(client, session, window, refusal, used + estimate(history[counted:]))
             used, counted = estimate([history, registry.definitions()]), len(history)
             message, finish_reason, usage = stream_turn(
                 client, sendable(history), reply_tokens(window), registry.definitions()
@@ -4338,7 +4349,8 @@ def rounds(client: openai.OpenAI, session: Session, window: int, used: int | Non
             say(f"[round {round_number} subagents {SPENT.total - before:,} tokens]")
         if STOPPING.is_set():  # a stop signal: the calls not run are answered so, and the turn ends here
             return None
-    say(f'stopped: reached the {MAX_ROUNDS}-round limit (MAX_ROUNDS sets it); go on with: -c {session.id} "continue"')
+    way_on = "say continue" if CONVERSATION.is_set() else f'go on with: -c {session.id} "continue"'
+    say(f"stopped: reached the {MAX_ROUNDS}-round limit (MAX_ROUNDS sets it); {way_on}")
     return ROUND_LIMIT
 
 

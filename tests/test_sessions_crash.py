@@ -579,3 +579,17 @@ def test_a_conversations_file_cut_at_every_byte_offset_resumes_its_live_part(
             if len(failures) >= 5:
                 break
     assert not failures, "\n".join(failures)
+
+
+def test_list_counts_a_conversations_messages_and_names_no_state_record_damaged(workdir: Path) -> None:
+    """-list reads the first bytes of each line: wake-up and goal records are records, not
+    damage; the messages it counts are the file's (folded ones too); the compactions, twice."""
+    session_id = "20261201-090000-0123abcd"
+    (workdir / ".sessions").mkdir(mode=0o700)
+    data = conversation_file(session_id)
+    (workdir / ".sessions" / f"{session_id}.jsonl").write_bytes(data)
+    result = run_agent("final", "-list", provider=None, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    messages = sum(1 for line in data.split(b"\n") if line.startswith(b'{"type": "message"'))
+    assert f" {messages} messages " in result.stdout, result.stdout
+    assert result.stdout.rstrip().endswith("[compacted ×2]"), result.stdout

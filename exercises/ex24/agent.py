@@ -1940,7 +1940,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
     print("[one turn a line · /exit or Ctrl-D ends · Ctrl-C stops the turn]", file=sys.stderr)
     while True:
         print("\n> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()  # a Ctrl-C here ends the conversation
+        line = sys.stdin.readline() if sys.stdin else ""  # None: started with no stdin (<&-)
         if not line or line.strip() in ("/exit", "/quit"):  # "": end of input, Ctrl-D
             return 0
         if line.strip():

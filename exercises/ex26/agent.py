@@ -1966,7 +1966,7 @@ def run(client: openai.OpenAI, session: Session, window: int, task: str | None) 
         "[one turn a line · /q LINE runs after the turn · /exit or Ctrl-D ends · Ctrl-C stops the turn]",
         file=sys.stderr,
     )
-    if sys.stdin.isatty():  # a person types here: their lines may answer questions (never piped ones)
+    if sys.stdin and sys.stdin.isatty():  # a person types here: their lines may answer questions (not piped ones)
         LINES_ANSWER.set()
     threading.Thread(target=read_terminal, daemon=True).start()
     while True:
@@ -2034,7 +2034,7 @@ EXIT = "the user typed /exit"
 
 def read_terminal() -> None:
     """The only reader of stdin, from the start of the conversation to its end."""
-    for line in iter(sys.stdin.readline, ""):
+    for line in iter(sys.stdin.readline if sys.stdin else str, ""):  # no stdin (<&-): str() is "", the end
         EVENTS.put(("line", line.strip()))
     INPUT_CLOSED.set()
     EVENTS.put(("eof", None))
