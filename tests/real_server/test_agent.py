@@ -270,7 +270,7 @@ def test_window_overflow_compacts_and_the_turn_succeeds(
     # On disk: the folded messages stay, one compaction record follows, then the new answer.
     records = [json.loads(line) for line in session_file(workdir, session_id).read_bytes().splitlines()]
     assert [r["type"] for r in records] == ["meta", "message", "message", "message", "message", "compaction", "message"]
-    assert records[5] == {"type": "compaction", "summary": summary_text, "kept": 1}
+    assert records[5] == {"type": "compaction", "summary": summary_text, "kept": 1, "carried": []}  # no state in force
     assert records[6]["message"] == assistant_of(retried)
 
     # The compacted session resumes as folded.
