@@ -3959,7 +3959,10 @@ def main(args: list[str]) -> int:
     args = [arg for arg in args if arg not in ("-sandbox", "--sandbox")]
     try:
         if args[:1] in (["-h"], ["--help"]):
-            print(USAGE)
+            try:
+                print(USAGE, flush=True)
+            except BrokenPipeError:  # `-h | head`: the reader has all it wants
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush fails quietly too
             return 0
         if len(args) == 2 and args[0] in ("-restore", "--restore") and args[1].strip():
             restore(args[1])

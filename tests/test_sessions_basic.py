@@ -503,6 +503,23 @@ def test_help_shows_every_form(workdir: Path, flag: str) -> None:
     assert list(workdir.iterdir()) == []
 
 
+def test_help_into_a_reader_that_stops_early_is_no_traceback(workdir: Path) -> None:
+    """`python agent.py -h | head -1`: the pipe closes after one line; exit 0, nothing on stderr."""
+    reader, writer = os.pipe()
+    agent = subprocess.Popen(
+        [sys.executable, str(program("final")), "-h"],
+        cwd=workdir,
+        env=hermetic_env(None, workdir.parent),
+        stdout=writer,
+        stderr=subprocess.PIPE,
+    )
+    os.close(writer)
+    os.close(reader)  # the reader has gone before the first byte: every write meets a closed pipe
+    _out, err = agent.communicate(timeout=60)
+    assert agent.returncode == 0, err
+    assert err == b"", err
+
+
 def test_restore_still_works(provider: FakeProvider, workdir: Path) -> None:
     notes = workdir / "notes.txt"
     notes.write_text("version one\n", encoding="utf-8")
