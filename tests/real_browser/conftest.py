@@ -1,0 +1,118 @@
+"""Fixtures of the real-browser tier: a headless Chromium the program starts itself, and pages on 127.0.0.1.
+
+    python3 -m pytest -n0 -m real_browser tests/real_browser
+
+The tier needs a Chromium (or Chrome) on PATH, under one of the names the
+program looks for, and it runs only when it is asked for: with -m real_browser,
+or a path in this directory on the command line. Otherwise every test here is
+skipped with one reason: a plain `python3 -m pytest` starts no browser. Debian:
+`apt-get install chromium`.
+
+This directory is a package (__init__.py), so this file is imported as
+real_browser.conftest and `import conftest` in the tests still finds
+tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import alive
+
+from .pages import Pages
+
+HERE = Path(__file__).resolve().parent
+COMMAND = "python3 -m pytest -n0 -m real_browser tests/real_browser"
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell")
+STARTED = re.compile(r"\[browser started \(pid (\d+), profile (\S+)\); it opened a tab of its own\]")
+
+
+def asked_for(config: pytest.Config) -> bool:
+    """Was the tier asked for: -m real_browser, or a path in this directory on the command line?"""
+    if "real_browser" in (config.getoption("markexpr", "") or ""):
+        return True
+    for arg in config.args:
+        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if path == HERE or HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test of this directory is marked real_browser, and skipped with one reason
+    if no browser is installed or the tier was not asked for."""
+    ours = [item for item in items if HERE in item.path.parents]
+    if not ours:
+        return
+    reason = None
+    if not any(shutil.which(name) for name in BROWSER_NAMES):
+        reason = "install Chromium: apt-get install chromium"
+    elif not asked_for(config):
+        reason = f"the real-browser tier runs only when asked for: {COMMAND}"
+    for item in ours:
+        item.add_marker(pytest.mark.real_browser)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def pages() -> Iterator[Pages]:
+    with Pages() as served:
+        yield served
+
+
+@pytest.fixture
+def other_pages() -> Iterator[Pages]:
+    """A second server: another host:port inside the machine, which a page must not reach unasked."""
+    with Pages() as served:
+        yield served
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A TMPDIR of the program's own, empty, with a short path: Chromium aborts at start when the
+    path of the socket it makes there would pass the 108 bytes a socket's address can hold."""
+    made = Path(tempfile.mkdtemp(prefix="browser-tmp-", dir="/tmp"))
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def started(shown: str) -> tuple[int, Path]:
+    """The pid and the profile directory of the browser a run started, from the line it printed."""
+    found = STARTED.findall(shown)
+    assert len(found) == 1, f"not one browser started:\n{shown[-3000:]}"
+    return int(found[0][0]), Path(found[0][1])
+
+
+def using(profile: Path) -> list[int]:
+    """The live processes whose command line names a profile directory: Chromium's crash handler
+    puts itself in a session of its own, outside the group, and it must end too. (A profile's
+    name is made for one run, so nothing else names it.)"""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            named = str(profile).encode() in (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if named and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def group(pgid: int) -> list[int]:
+    """The live processes of a process group, found by their group, never by their name."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if int(fields[2]) == pgid and alive(int(entry.name)):
+            members.append(int(entry.name))
+    return members
