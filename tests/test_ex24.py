@@ -56,7 +56,7 @@ from helpers import (
     wait_until,
 )
 
-PROGRAMS = [24, 25, 26, 27, "final"]
+PROGRAMS = [24, 25, 26, 27, 30, "final"]  # 30: the last chapter keeps them all
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 QUESTION = "allow? (y/N) "

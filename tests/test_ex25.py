@@ -54,7 +54,7 @@ from helpers import (
     wait_until,
 )
 
-PROGRAMS = [25, 26, 27, "final"]
+PROGRAMS = [25, 26, 27, 30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 TASK = "Tidy up the build scripts."

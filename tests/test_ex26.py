@@ -54,7 +54,7 @@ from helpers import (
     warnings,
 )
 
-PROGRAMS = [26, 27, "final"]
+PROGRAMS = [26, 27, 30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 units = pytest.mark.parametrize("loaded", PROGRAMS, indirect=True)
 

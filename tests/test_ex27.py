@@ -55,7 +55,7 @@ from helpers import (
     tool_names,
 )
 
-PROGRAMS = [27, "final"]
+PROGRAMS = [27, 30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 unit = pytest.mark.parametrize("loaded", PROGRAMS, indirect=True)
 
