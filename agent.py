@@ -12,10 +12,11 @@ writes, and streams, files and settings read as the untrusted things they
 are; and a conversation a person can stay in all day: lines edited at the
 prompt, status lines that never tear an answer, the terminal left as it was
 found, every request closed by a stop, a resume that reads only the part it
-sends. exercises/production/README.md walks through every addition; its
+sends, and still knows which background tasks ran and which did not
+survive. exercises/production/README.md walks through every addition; its
 table of contents is
 
-    diff -u exercises/ex27/agent.py agent.py
+    diff -u exercises/ex28/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import errno
 import fcntl
 import functools
@@ -543,6 +545,21 @@ BASH["function"]["parameters"]["properties"]["timeout"] = {
     "type": "integer",
     "description": f"seconds before the command is killed (default {DEFAULT_TIMEOUT}, at most {MAX_TIMEOUT})",
 }
+# A string, not a boolean: the question is who owns the process once it runs on its own.
+MODES = {
+    "async": "a one-shot job that surely runs long (a build, a test suite): you are notified when it ends; never poll it",
+    "interactive": "a server or a REPL: read it with terminal_output, feed it with terminal_input",
+}
+WHEN = "; ".join(f'"{mode}" for {use}' for mode, use in MODES.items())
+BASH["function"]["description"] += (
+    " With run_in_background it starts and returns at once; background only what surely runs long. "
+    "A background command has no timeout, goes on when a turn is interrupted, and is stopped with terminal_kill."
+)
+BASH["function"]["parameters"]["properties"]["run_in_background"] = {
+    "type": "string",
+    "enum": list(MODES),
+    "description": f"leave it out to run the command now and wait for it; {WHEN}",
+}
 
 
 # ---- the sandbox: what a command can do, enforced by the kernel ----
@@ -765,6 +782,20 @@ def stop_signals_held():
         stop(held[0], None)
 
 
+@contextlib.contextmanager
+def signals_unblocked():
+    """A process started in the block gets the main thread's signal mask, nothing blocked. A
+    helper thread blocks the stop signals (start_quietly()), and a process inherits its
+    starter's mask, across exec too: a task's shell, or what it exec's, would never see a
+    SIGTERM (sh clears the mask of what it starts, not its own). A signal meanwhile may come
+    to this thread: the main thread, never long in C during a turn, still handles it."""
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     """Run command; return (the output's tail, total bytes of output, exit status or None if killed)."""
     process, tail, total, status = None, b"", 0, None
@@ -773,7 +804,7 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
         # A signal that lands inside Popen would lose the child's pid, and the
         # command, in a session of its own, would outlive us: hold it until
         # Popen returns. Raised here, it still reaches the finally below.
-        with stop_signals_held():
+        with stop_signals_held(), signals_unblocked():
             process = subprocess.Popen(
                 shell(command),  # the single door: caged while -sandbox is on
                 cwd=WORKDIR,
@@ -831,11 +862,17 @@ def bash(args: dict) -> str:
         return "error: timeout must be a whole number of seconds, at least 1"
     if timeout > MAX_TIMEOUT:
         return f"error: timeout is at most {MAX_TIMEOUT} s; split the work into shorter commands"
+    mode = args.get("run_in_background")
+    if mode is not None and mode not in MODES:
+        return f"error: run_in_background is {WHEN}; leave it out to run the command now"
+    background = mode if not getattr(ASKER, "name", None) else None  # a subagent has no tasks: it runs it now
     verdict = permission(args["command"])
     if verdict == "deny":
         return "error: permission denied — the command matches a deny rule; it was not run"
-    if verdict == "ask" and not approved(args["command"]):
+    if verdict == "ask" and not approved(args["command"], f"run in the background ({mode})" if background else "run"):
         return "error: permission denied — the user did not approve this command"
+    if background:  # past the same gate, through the same door (shell()): caged under -sandbox too
+        return TASKS.start(args["command"], background)
     tail, total, status = run_command(args["command"], timeout)
     output = shown(tail, total)
     if STOPPING.is_set():  # a Ctrl-C killed it, not the clock
@@ -845,6 +882,415 @@ def bash(args: dict) -> str:
     if status != 0:  # not a tool failure: information the model needs
         return f"{output.rstrip()}\n[exit status {status}]".lstrip()
     return output or "(command succeeded with no output)"
+
+
+# ---- background tasks: commands that outlive the turn ----
+# Who owns a task once it runs says how it is watched. An async one is the system's: the
+# conversation is notified when it ends, and the model may not poll it. An interactive one
+# is the model's: it reads it with terminal_output and feeds it with terminal_input. Each
+# task has one thread, its watcher, which reads its output and ends it; the notice goes
+# through the event queue, like a line typed. A task leads a process group of its own, so
+# a Ctrl-C for the turn never reaches it; the agent ends it, and all it left, on every way out.
+
+MAX_TASKS = 8  # running at once: each is a process and a thread
+TASK_OUTPUT = 64 * 1024  # bytes of a task's newest output kept, whatever it prints
+DRAIN = 1.0  # seconds to read what is left once the shell has exited: a `server &` may hold the pipe open
+GRACE = 2.0  # seconds from SIGTERM to SIGKILL
+INPUT_CAP = 4096  # bytes one terminal_input may send
+WRITE_TIMEOUT = 5  # seconds a task has to read what it is sent
+POLLS, POLL_WINDOW = 3, 30  # the 3rd poll of the same output within 30 s gets the hard stop
+QUICK = 10  # seconds: an async task done sooner should have been a plain bash call
+TAGS = re.compile(r"<(/?\s*system-reminder)", re.IGNORECASE)  # the notice's wrapper, which no output may close
+
+
+def escaped(text: str) -> str:
+    """text with the wrapper's tags made harmless: a task cannot end the notice and speak as the agent."""
+    return TAGS.sub(r"&lt;\1", text)
+
+
+def brief(command: str) -> str:
+    """A command as a status line names it: control characters shown, cut with … past 100 characters."""
+    shown = visible(command)
+    return shown if len(shown) <= 100 else shown[:100] + "…"
+
+
+def status_of(code: int) -> str:
+    if code < 0:  # a real-time signal has no name in signal.Signals: its number, then (the watcher must not fail)
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return "exited: 0" if code == 0 else f"exited: exit status {code}"
+
+
+class Task:
+    """One background command: its process, the newest output it printed, what the model has
+    seen of it, and how often the model has read the same output."""
+
+    def __init__(self, number: int, command: str, mode: str) -> None:
+        self.id, self.command, self.mode = f"bg_{number}", command, mode
+        self.output, self.total, self.seen = b"", 0, 0  # the newest bytes; how many in all; how many the model saw
+        self.status, self.stopped_by, self.started, self.ran = "running", "", time.monotonic(), 0.0
+        self.polled, self.polls, self.window = b"", 0, 0.0  # the output the last poll saw; polls of it; since when
+        self.lock, self.writing, self.done = threading.Lock(), threading.Lock(), threading.Event()
+        with signals_unblocked():  # a SIGTERM must reach it, whatever thread starts it
+            self.process = subprocess.Popen(
+                shell(command),  # the single door: caged while -sandbox is on
+                cwd=WORKDIR,
+                env=SANDBOX.get("environment", WITHOUT_KEY),  # no key, under any name: as bash's commands
+                stdin=subprocess.PIPE if mode == "interactive" else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: a Ctrl-C is not for it, and a kill reaches all it starts
+            )
+        if self.process.stdin:
+            os.set_blocking(self.process.stdin.fileno(), False)  # a write that cannot go on returns: see send()
+
+    def watch(self) -> None:
+        """The task's one thread: its output read in chunks as it comes (a line of any length, a
+        prompt with no newline), until its shell has exited and the pipe is drained; then the end."""
+        pipe, deadline = self.process.stdout.fileno(), None
+        while deadline is None or time.monotonic() < deadline:
+            wait = 0.1 if deadline is None else max(deadline - time.monotonic(), 0)
+            if select.select([pipe], [], [], wait)[0]:
+                if not (chunk := os.read(pipe, 65536)):
+                    break  # every writer has closed it
+                with self.lock:
+                    self.output, self.total = (self.output + chunk)[-TASK_OUTPUT:], self.total + len(chunk)
+            if deadline is None and self.exited():
+                deadline, self.ran = time.monotonic() + DRAIN, time.monotonic() - self.started
+        self.exited(wait=True)  # the pipe closed first: until the shell exits
+        self.ran = self.ran or time.monotonic() - self.started
+        with self.lock:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)  # what it left in its group ends with it, as bash's does
+            self.status = status_of(self.process.wait())
+        with self.writing:
+            if self.process.stdin:
+                self.process.stdin.close()
+        self.process.stdout.close()
+        TASKS.ended(self)
+        self.done.set()  # before the nudge: what waits for its end (the agent's) does not wait for the prompt
+        nudge(lambda: self.id in TASKS.untold)  # at an idle prompt its notice must not wait for a key, as a tick's
+
+    def exited(self, wait: bool = False) -> bool:
+        """Has its shell exited? os.waitid with WNOWAIT leaves it unreaped, so that its number stays its
+        group's and a kill hits no other group. macOS has it from Python 3.13; before, poll() reaps it."""
+        if not hasattr(os, "waitid"):
+            return (self.process.wait() if wait else self.process.poll()) is not None
+        return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT | (0 if wait else os.WNOHANG)) is not None
+
+    def signal_group(self, number: int) -> None:
+        with self.lock:
+            if self.process.returncode is None:  # not reaped yet: the group is still this task's
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, number)
+
+    def stop(self, by: str) -> None:
+        """SIGTERM to its whole group, SIGKILL if it has not ended GRACE seconds later."""
+        self.stopped_by = self.stopped_by or by
+        for number in (signal.SIGTERM, signal.SIGKILL):
+            self.signal_group(number)
+            if self.done.wait(GRACE):
+                return
+
+    def news(self) -> str:
+        """What it printed since the model last saw its output: the tail, at most OUTPUT_CAP bytes."""
+        with self.lock:
+            new, self.seen = self.total - self.seen, self.total
+            tail = self.output[len(self.output) - min(new, OUTPUT_CAP, len(self.output)) :]
+        return shown(tail, new).rstrip("\n") if new else "(no new output)"
+
+    def notice(self) -> str:
+        """The message that tells the model it ended, wrapped as a reminder, all it printed escaped. It is
+        a user message, which no tool result's redact() passes: the key is taken out here."""
+        text = f"[background task finished] {self.id} `{self.command}` {self.status}\n{self.news()}"
+        if self.mode == "async" and self.ran < QUICK:
+            text += (
+                f"\n(It ran {self.ran:.1f} s: a plain bash call would have returned this output in the same turn. "
+                "Keep run_in_background for what surely runs long.)"
+            )
+        return f"<system-reminder>{escaped(redact(text))}</system-reminder>"
+
+    def send(self, data: bytes, close: bool) -> str:
+        """Write data to its stdin, never blocking the turn longer than WRITE_TIMEOUT."""
+        with self.writing:
+            if self.process.stdin.closed:
+                return f"error: the input of {self.id} is closed already"
+            fd, sent, deadline = self.process.stdin.fileno(), 0, time.monotonic() + WRITE_TIMEOUT
+            try:
+                while sent < len(data):
+                    if not select.select([], [fd], [], max(deadline - time.monotonic(), 0))[1]:
+                        return f"error: {self.id} read nothing for {WRITE_TIMEOUT} s; {sent} of {len(data)} bytes sent"
+                    sent += os.write(fd, data[sent : sent + select.PIPE_BUF])  # writable: PIPE_BUF bytes fit
+                if close:
+                    self.process.stdin.close()
+            except OSError as error:  # it closed its end, or ended
+                return f"error: writing to {self.id} failed: {error.strerror or error}"
+        count, closed = f"{sent} byte{'s' * (sent != 1)}", " and closed its input" if close else ""
+        return f"wrote {count} to {self.id}{closed}; terminal_output shows what it does with them"
+
+
+class Tasks:
+    """The session's tasks: started, found by id, recorded in the session file, and ended."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Task] = {}
+        self.last = 0  # the highest number a task of this session has had: no id is used twice
+        self.session: Session | None = None
+        self.ending = self.adopting = False
+        self.untold: set[str] = set()  # tasks whose notice waits in the event queue
+        self.lock = threading.Lock()
+
+    def begin(self, session: Session) -> None:
+        """A run's start: numbering goes on after the session's highest id, and a task the last run left
+        is gone, which the user is told now and the model with the next message. On Linux the agent
+        becomes a subreaper: what leaves its group (setsid) and loses its parent becomes the agent's child.
+        The records come from the session's state: what the last compaction carried, and what followed."""
+        self.session = session
+        found = [record for record in session.state.values() if record["type"] == "task"]
+        self.last = max(map(task_number, found), default=0)
+        if lost := sorted((record for record in found if unfinished(record)), key=task_number):
+            names = ", ".join(f"{r['id']} `{brief(r['command'])}`" for r in lost)
+            # No end record: that run was killed (kill -9) before it could stop them, so they may still run.
+            unstopped = ", ".join(r["id"] for r in lost if r["status"] == "running")
+            left = f" ({unstopped}: never stopped, that run was killed; it may still be running)" if unstopped else ""
+            say(
+                f"[background tasks that did not survive the last run: {names}{left}; the model is told "
+                "with the next message]"
+            )
+            session.note += (
+                f"<system-reminder>These background tasks did not survive the end of the last run: {escaped(names)}. "
+                "This run cannot read, feed or stop them: start again what you still need.</system-reminder>\n\n"
+            )
+            for r in lost:  # said once: the next resume finds them ended
+                record = {"type": "task", "id": r["id"], "command": r["command"], "mode": r["mode"]}
+                session.remember(record | {"status": "gone: it did not survive the last run"})
+        if sys.platform == "linux" and ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0:  # PR_SET_CHILD_SUBREAPER
+            self.adopting = True
+            start_quietly(threading.Thread(target=reap_orphans, name="reaper", daemon=True))
+
+    def start(self, command: str, mode: str) -> str:
+        with self.lock:
+            running = [task.id for task in self.tasks.values() if not task.done.is_set()]
+            if self.ending:
+                return "error: the agent is ending; no task starts now"
+            if len(running) >= MAX_TASKS:
+                return (
+                    f"error: {len(running)} background tasks run already ({', '.join(running)}), the most there may be; "
+                    "wait for one to end, or stop one with terminal_kill"
+                )
+            try:
+                task = Task(self.last + 1, command, mode)
+            except OSError as error:
+                return f"error: background start failed: {error.strerror or error}"
+            self.last, self.tasks[task.id] = self.last + 1, task
+            self.record(task)
+        start_quietly(threading.Thread(target=task.watch, name=task.id, daemon=True))
+        say(f"[background task {task.id} started ({mode}): {brief(command)}]")
+        if mode == "async":
+            return (
+                f"backgrounded: id={task.id}, mode async. You will be notified when it finishes: "
+                "do not poll it; do other work, or end your turn."
+            )
+        return (
+            f"backgrounded: id={task.id}, mode interactive. Read its output with terminal_output, send it input "
+            "with terminal_input, stop it with terminal_kill."
+        )
+
+    def find(self, task_id: str) -> Task | str:
+        known = ", ".join(self.tasks) or "none"
+        return self.tasks.get(task_id) or f"error: no background task {task_id!r} in this run; the tasks are: {known}"
+
+    def record(self, task: Task, **more: object) -> None:
+        """An appended record at a task's start and at its end: a resume knows the ids, and what was left running."""
+        if self.session:
+            record = {"type": "task", "id": task.id, "command": task.command, "mode": task.mode, "status": task.status}
+            with contextlib.suppress(Failure):  # a full disk: the task still runs and ends, a resume will not know
+                self.session.remember(record | more)
+
+    def ended(self, task: Task) -> None:
+        """In the watcher's thread: the end recorded; the conversation told, unless someone stopped it."""
+        if self.ending:  # nobody will be told: what it printed stays in the file, the key taken out
+            output = redact(task.output[-OUTPUT_CAP:].decode(errors="replace"), cut=True)
+            self.record(task, stopped_at_exit=True, output=output)
+            return
+        self.record(task)
+        if not task.stopped_by:  # terminal_kill has said how it ended already
+            with self.lock:
+                self.untold.add(task.id)
+            EVENTS.put(("bg", (task.id, task.notice())))
+
+    def delivered(self, task_id: str) -> None:
+        """The main thread took a task's notice from the event queue: no more nudges for it."""
+        with self.lock:
+            self.untold.discard(task_id)
+
+    def end_all(self) -> list[Task]:
+        """Every way out: each running task stopped, SIGTERM and then SIGKILL, all at once; those it stopped."""
+        if threading.current_thread() is threading.main_thread():
+            ignore_stop_signals()  # a second Ctrl-C or kill must not cut the ending short
+        with self.lock:
+            self.ending, running = True, [task for task in self.tasks.values() if not task.done.is_set()]
+        for number in (signal.SIGTERM, signal.SIGKILL):
+            for task in running:
+                task.signal_group(number)
+            deadline = time.monotonic() + GRACE
+            for task in running:
+                task.done.wait(max(deadline - time.monotonic(), 0))
+        return running
+
+    def stopped_line(self, stopped: list[Task]) -> str:
+        names = ", ".join(f"{task.id} `{brief(task.command)}`" for task in stopped)
+        where = self.session.path.relative_to(WORKDIR) if self.session else "the session"
+        return (
+            f"[stopped as the agent ended: {names}; what each printed last is in its task record: "
+            f"jq -r 'select(.type == \"task\" and .output) | .output' {where}]"
+        )
+
+
+TASKS = Tasks()
+
+
+def children() -> list[tuple[int, str, int]]:
+    """The agent's child processes, from /proc: (pid, state, process group)."""
+    found = []
+    for name in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):  # gone meanwhile
+            state, parent, group = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if name.isdigit() and int(parent) == os.getpid():
+                found.append((int(name), state, int(group)))
+    return found
+
+
+def reap_orphans() -> None:
+    """The adopted dead are reaped. Never a child the agent started: subprocess.Popen's lead a group
+    of their own, or are in the agent's, and their exit status is for whoever waits for them."""
+    while True:
+        time.sleep(1)
+        for pid, state, group in children():
+            if state == "Z" and group not in (pid, os.getpgrp()):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+
+
+def end_orphans() -> None:
+    """The very end: every living child of the agent left now is one it adopted (what its tasks and
+    commands left outside their groups); each is killed with its group, until none is left."""
+    quiet = deadline = time.monotonic()
+    while TASKS.adopting and time.monotonic() - quiet < 0.2 and time.monotonic() < deadline + 3:
+        for pid, state, group in children():
+            with contextlib.suppress(OSError):
+                if state == "Z":  # reaped too: at the end nobody waits for an exit status any more
+                    os.waitpid(pid, os.WNOHANG)
+                    continue
+                quiet = time.monotonic()
+                if group != os.getpgrp():  # never the agent's own group
+                    os.killpg(group, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def keep_untold(session: Session | None) -> None:
+    """The very end: what the model was still to be told (a notice no turn took, a note) is appended
+    to the file, and a resume puts it before the next user message."""
+    untold = [notice for _, notice in taken("background")]
+    with contextlib.suppress(queue.Empty):
+        while True:
+            kind, value = EVENTS.get_nowait()
+            untold += [value[1]] if kind == "bg" else []
+    if session and (text := session.note + "".join(f"{notice}\n\n" for notice in untold)):
+        with contextlib.suppress(Failure):  # a full disk: the ending goes on; what was untold is lost
+            session.append(record_line({"type": "note", "text": text}))
+
+
+TERMINAL_OUTPUT = definition(
+    "terminal_output",
+    "The latest output of an interactive background task, and whether it still runs. It does not wait: "
+    "reading the same output again and again gets you nothing.",
+    id="the task's id, as bash returned it",
+)
+TERMINAL_OUTPUT["function"]["parameters"]["properties"]["lines"] = {
+    "type": "integer",
+    "description": f"how many of its last lines (default 50); 0: all that is kept (its newest {TASK_OUTPUT // 1024} KiB)",
+}
+TERMINAL_INPUT = definition(
+    "terminal_input",
+    "Send input to an interactive background task, exactly as given: end a line with \\n. "
+    "The user approves every input first.",
+    id="the task's id",
+    input="the text to send; may be empty with close",
+)
+TERMINAL_INPUT["function"]["parameters"]["properties"]["close"] = {
+    "type": "boolean",
+    "description": "close its input after this (end of file, as Ctrl-D at a terminal)",
+}
+TERMINAL_KILL = definition(
+    "terminal_kill",
+    f"Stop a background task and all it started: SIGTERM, then SIGKILL if it still runs {GRACE:.0f} s later.",
+    id="the task's id",
+)
+
+
+def terminal_output(args: dict) -> str:
+    task, lines = TASKS.find(args["id"]), args.get("lines", 50)
+    if isinstance(task, str):
+        return task
+    if task.mode == "async":
+        return f"error: {task.id} is an async task: do not poll it; you will be notified when it finishes"
+    if type(lines) is not int or lines < 0:
+        return "error: lines is a whole number: how many of the last lines, 0 for all that is kept"
+    with task.lock:
+        output, total, status, now, task.seen = task.output, task.total, task.status, time.monotonic(), task.total
+        # What is counted is the output itself: the same bytes as the last poll saw, within the window.
+        same = task.polls and status == "running" and output == task.polled and now - task.window < POLL_WINDOW
+        task.polls, task.window = (task.polls + 1, task.window) if same else (1, now)
+        task.polled, polls = output, task.polls
+    text, notes = output.decode("utf-8", errors="replace"), []
+    if total > len(output):
+        text = text.partition("\n")[2] or text  # its first line lost its start
+        notes.append(f"[earlier output truncated: {total:,} bytes in all, only the newest {TASK_OUTPUT:,} kept]")
+    every = text.splitlines(keepends=True)
+    tail = every[-lines:] if lines else every
+    if len(tail) < len(every):
+        notes.append(f"[{len(every) - len(tail)} earlier lines not shown; lines: 0 shows all that is kept]")
+    result = "\n".join([f"[status: {status}]", *notes, "".join(tail) or "(no output yet)"])
+    if polls >= POLLS:
+        result += (
+            f"\n[stop polling: this is poll {polls} of the same output within {POLL_WINDOW} s. It stays the same "
+            "until the task prints more: do something else, or end your turn]"
+        )
+    return result
+
+
+def terminal_input(args: dict) -> str:
+    task, text, close = TASKS.find(args["id"]), args["input"], args.get("close") is True
+    if isinstance(task, str):
+        return task
+    if task.mode == "async":
+        return f"error: {task.id} is an async task: its stdin takes no input"
+    if task.done.is_set():
+        return f"error: {task.id} has ended ({task.status}); it takes no input"
+    if not text and not close:
+        return "error: input is empty; send the text to type, with \\n to end a line, or close: true to end its input"
+    if len(data := text.encode()) > INPUT_CAP:
+        return f"error: the input is {len(data):,} bytes; at most {INPUT_CAP:,} go in one call"
+    # Whatever reads it (a shell, an interpreter) may run it: a person sees every input, control characters shown.
+    target = f"{task.id} (`{visible(task.command)}`)"
+    then = " and then close its input" if close else ""
+    wants = f"type into {target}{then}" if text else f"close the input of {target}"
+    if not approved(text or "end of file", wants):
+        return "error: permission denied — the user did not approve this input"
+    return task.send(data, close)
+
+
+def terminal_kill(args: dict) -> str:
+    task = TASKS.find(args["id"])
+    if isinstance(task, str):
+        return task
+    if task.done.is_set():
+        return f"error: {task.id} has ended already ({task.status})"
+    task.stop("the model")
+    return f"stopped {task.id}: {task.status}\n{task.news()}"
 
 
 # ---- backups: an overwrite keeps the old version in .trash/ ----
@@ -1439,13 +1885,15 @@ class Session:
         self.links: dict[str, str] = {}  # a subagent's: its parent, the call that started it, its description
         self.sandboxed = False  # whether it was started with -sandbox, recorded in its header
         self.origins: dict[int, str] = {}  # id() of a message nobody typed: where it came from
-        self.state: dict = {}  # the last "wakeup" and "goal" records read back, if any
-        self.lock = threading.Lock()  # a wake-up's or a goal's record may come from another thread
+        self.state: dict = {}  # the state records in force (see keep_state()): wake-up, goal, tasks
+        self.lock = threading.Lock()  # a wake-up's, a goal's or a task's record may come from another thread
         self.window: int | None = None  # the window a server's refusal named, once one did
+        self.note = ""  # put before the next user message: what the model must know that nobody typed
 
     def add(self, text: str, origin: str = "") -> None:
-        """A user message; origin ("steer", "queued", "wakeup", "goal") says who put it there, in
-        its record beside the message, never inside it: what the model is sent stays plain."""
+        """A user message; origin ("steer", "queued", "wakeup", "goal", "background") says who put it
+        there, in its record beside the message, never inside it: what the model is sent stays plain."""
+        text, self.note = self.note + text, ""
         self.history.append(message := {"role": "user", "content": text})
         if origin:
             self.origins[id(message)] = origin
@@ -1468,16 +1916,19 @@ class Session:
         self.saved = len(self.history)
 
     def remember(self, record: dict) -> None:
-        """Append a wake-up's or a goal's record; the last of each kind is carried by every compaction."""
+        """Append a wake-up's, a goal's or a task's record; what is in force is carried by every compaction."""
         self.append(record_line(record))
-        self.state[record["type"]] = record
+        with self.lock:  # the watchers' threads, the timer's and the turn's
+            keep_state(self.state, record)
 
     def compact(self, summary: str, kept: int) -> None:
         """Replace all but the system prompt and the last `kept` messages by a summary.
         On disk this is one more appended record: the folded messages stay in the
         file, and a crash at any byte leaves the session as before or as after. It
-        carries the state records in force, so that a resume need not look behind it."""
-        carried = list(self.state.values())
+        carries the state records in force, and the note still to be told, so that a
+        resume need not look behind it."""
+        with self.lock:
+            carried = list(self.state.values()) + ([{"type": "note", "text": self.note}] if self.note else [])
         self.append(record_line({"type": "compaction", "summary": summary, "kept": kept, "carried": carried}))
         self.history[:] = folded(self.history, summary, kept)
         self.saved = len(self.history)
@@ -1590,6 +2041,7 @@ def open_session(wanted: str) -> Session:
         )
     session = Session(session_id, history, fd)
     session.saved = len(history)
+    session.note = state.pop("note", {}).get("text", "")  # a note no user message took yet: it goes in with the next
     session.state = state
     listed = header.get("skills") if isinstance(header, dict) and header.get("type") == "meta" else None
     session.skills = [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
@@ -1617,12 +2069,12 @@ COMPACTION_LINE = b'\n{"type": "compaction"'  # a compaction record as ours are 
 
 
 def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
-    """(history, numbers of damaged lines, the last wake-up and goal records) of a session
-    file's complete lines. A compacted session is read back from its last compaction: the
+    """(history, numbers of damaged lines, the state records in force) of a session file's
+    complete lines. A compacted session is read back from its last compaction: the
     system prompt, that record and what follows it, the messages it kept (which may reach
-    back across earlier compactions), and the last state records. That is the part a resume
-    sends, and it costs that, not the file. Damage is looked for there only; the folded
-    part is -list's to scan. Anything the walk back cannot make sense of: the whole file."""
+    back across earlier compactions), and the state records in force. That is the part a
+    resume sends, and it costs that, not the file. Damage is looked for there only; the
+    folded part is -list's to scan. Anything the walk back cannot make sense of: the whole file."""
     state: dict = {}
     last = data.rfind(COMPACTION_LINE)
     record = parsed(data[last + 1 : data.find(b"\n", last + 1)]) if last >= 0 else None
@@ -1634,12 +2086,12 @@ def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
         return history, damaged, state
     messages, damaged_at = walked
     after = data.find(b"\n", last + 1) + 1  # the line after the last compaction
+    carried = record.get("carried")  # the state in force when it was written; older ones carry none
+    for found in carried if isinstance(carried, list) else older_tasks(data, last + 1):  # before what follows it
+        if isinstance(found, dict) and valid_state(found):
+            keep_state(state, found)
     live, damaged = parse_session(data[after:], state, first=0)
     history = folded([system], record["summary"], 0) + messages + live
-    carried = record.get("carried")  # the state in force when it was written; older ones carry none
-    for found in carried if isinstance(carried, list) else []:
-        if isinstance(found, dict) and valid_state(found) and found["type"] not in state:
-            state[found["type"]] = found
     for kind in ("wakeup", "goal") if not isinstance(carried, list) else ():  # found behind it, then
         end = last + 1
         while kind not in state and (at := data.rfind(b'\n{"type": "' + kind.encode() + b'"', 0, end)) >= 0:
@@ -1650,6 +2102,18 @@ def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
         base = data[:after].count(b"\n") + 1
         damaged = sorted([data[:at].count(b"\n") + 1 for at in damaged_at] + [base + n for n in damaged])
     return history, damaged, state
+
+
+def older_tasks(data: mmap.mmap | bytes, end: int) -> list[dict]:
+    """Behind a compaction that carries nothing (a chapter's program wrote it): each task's
+    last record before offset end, in the order of their ids. A resume numbers on after the
+    highest, and names those left running; a note there was taken by a later user message."""
+    latest: dict[str, dict] = {}
+    while (at := data.rfind(b'\n{"type": "task"', 0, end)) >= 0:
+        if isinstance(found := parsed(data[at + 1 : data.find(b"\n", at + 1)]), dict) and valid_state(found):
+            latest.setdefault(found["id"], found)  # walking back: the first found of an id is its last
+        end = at
+    return sorted(latest.values(), key=task_number)
 
 
 def first_messages(data: mmap.mmap | bytes, end: int) -> Iterator[dict]:
@@ -1691,7 +2155,7 @@ def walk_back(data: mmap.mmap | bytes, end: int, need: int) -> tuple[list[dict],
                 return None
             if wanted == kept + 1:  # its summary too, once what it kept is found
                 summaries.append((len(found) + kept, folded([{}], record["summary"], 0)[1]))
-        elif line.strip() and not (begin == 0 and kind == "meta") and kind not in ("wakeup", "goal"):
+        elif line.strip() and not (begin == 0 and kind == "meta") and kind not in STATE_KINDS:
             damaged.append(begin)
 
 
@@ -1764,27 +2228,63 @@ def torn(tail: bytes) -> bool:
 
 def parse_session(data: bytes, state: dict | None = None, first: int = 1) -> tuple[list[dict], list[int]]:
     """(messages, numbers of damaged lines) of the complete lines in data, the first being
-    line `first`; the last wake-up and goal records go into state. Split on \\n only:
+    line `first`; the state records go into state (keep_state()). Split on \\n only:
     str.splitlines() would also split on U+2028, which may sit inside a JSON string."""
     messages, damaged, state = [], [], {} if state is None else state
     for number, line in enumerate(data.split(b"\n")[:-1], start=first):
         record = parsed(line)
         if isinstance(record, dict) and record.get("type") == "message" and well_formed(record.get("message")):
             messages.append(record["message"])
+            if record["message"]["role"] == "user":  # a note goes in with the next user message
+                state.pop("note", None)
         elif isinstance(record, dict) and record.get("type") == "compaction" and valid_compaction(record, messages):
             messages = folded(messages, record["summary"], record["kept"])  # replayed as it happened
         elif isinstance(record, dict) and valid_state(record):
-            state[record["type"]] = record  # the last of each kind holds: every change appends one
+            keep_state(state, record)
         elif line.strip() and not (number == 1 and isinstance(record, dict) and record.get("type") == "meta"):
             damaged.append(number)
     return messages, damaged
 
 
+STATE_KINDS = ("wakeup", "goal", "task", "note")  # records that are no message: what is in force, not what was said
+TASK_ID = re.compile(r"bg_[1-9][0-9]{0,8}")
+
+
 def valid_state(record: dict) -> bool:
-    """A wake-up or goal record as this program writes it (see Waker and Goals)."""
+    """A wake-up, goal, task or note record as this program writes it (see Waker, Goals, Tasks, keep_untold)."""
     if record.get("type") == "wakeup":
         return type(record.get("armed")) is bool and all(isinstance(record.get(k), str) for k in ("prompt", "reason"))
+    if record.get("type") == "task":
+        fields = all(isinstance(record.get(k), str) for k in ("id", "command", "mode", "status"))
+        return fields and bool(TASK_ID.fullmatch(record["id"])) and type(record.get("stopped_at_exit", False)) is bool
+    if record.get("type") == "note":
+        return isinstance(record.get("text"), str)
     return record.get("type") == "goal" and valid_goal(record.get("goal"))
+
+
+def task_number(record: dict) -> int:
+    return int(record["id"][3:])
+
+
+def unfinished(record: dict) -> bool:
+    """A task record that a resume must report: left running (that run was killed), or stopped as it ended."""
+    return record["status"] == "running" or record.get("stopped_at_exit") is True
+
+
+def keep_state(state: dict, record: dict) -> None:
+    """A valid state record into the state in force, which every compaction carries: the last
+    wake-up and goal record; the last note, until a user message takes it; and of the tasks,
+    each one's last record while it is unfinished, and the one with the highest id, after
+    which a resume numbers on. An ended task drops out: what is carried stays small."""
+    if record["type"] != "task":
+        state[record["type"]] = record
+        return
+    state[f"task {record['id']}"] = record
+    tasks = {key: found for key, found in state.items() if found["type"] == "task"}
+    highest = max(tasks.values(), key=task_number)
+    for key, found in tasks.items():
+        if found is not highest and not unfinished(found):
+            del state[key]
 
 
 def valid_compaction(record: dict, history: list[dict]) -> bool:
@@ -1887,7 +2387,7 @@ def list_sessions() -> None:
 # -list looks at the first bytes of each line, not at records: a quote inside a
 # JSON string is always escaped, so these can only match the start of a record.
 # The optional space: ours writes '{"type": "message"', the book's Go edition '{"type":"message"'.
-RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta|wakeup|goal)"')
+RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta|wakeup|goal|task|note)"')
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
 
@@ -1960,7 +2460,7 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
         elif kind == b"meta" and start == 0:
             with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                 created = json.loads(data[start:end])["created_at"][:16].replace("T", " ")
-        elif kind in (b"wakeup", b"goal"):  # a conversation's state: no message, no damage
+        elif kind in (b"wakeup", b"goal", b"task", b"note"):  # a conversation's state: no message, no damage
             pass
         elif data[start:end].strip():  # a blank line is no damage; a header further down is
             damaged = True
@@ -1976,7 +2476,7 @@ def kind_of(line: bytes) -> bytes | None:
     """The kind of a record RECORD_KIND does not recognize, as the loader reads it; None if it is no record."""
     record = parsed(line) if line.strip() else None
     kind = record.get("type") if isinstance(record, dict) else None
-    return kind.encode() if kind in ("message", "compaction", "meta", "wakeup", "goal") else None
+    return kind.encode() if kind in ("message", "compaction", "meta", *STATE_KINDS) else None
 
 
 def first_words(line: bytes) -> str:
@@ -3170,8 +3670,9 @@ def ended(pid: int) -> bool:
         return True
 
 
-def start_servers(tools: Registry, timeout: float) -> None:
-    """Start the servers of .mcp.json that a person allows, or allowed before, and register their tools."""
+def start_servers(tools: Registry, timeout: float, conversation: bool) -> None:
+    """Start the servers of .mcp.json that a person allows, or allowed before, and register their
+    tools, leaving room for the tools offer_tools() registers after them (more in a conversation)."""
     try:
         raw = read_regular(MCP_CONFIG, cap := 1024 * 1024)
     except FileNotFoundError:
@@ -3208,7 +3709,7 @@ def start_servers(tools: Registry, timeout: float) -> None:
                 line = safe(command_line(command, env), 300)
                 say(f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {line}]")
             env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
-            connect(name, command, env, tools, timeout)
+            connect(name, command, env, tools, timeout, conversation)
 
 
 def approval_key(name: str, entry: dict, command: list[str]) -> str:
@@ -3265,9 +3766,12 @@ def ask_to_start(name: str, command: list[str], env: dict[str, str], key: str) -
     return True
 
 
-def connect(name: str, command: list[str], env: dict[str, str], tools: Registry, timeout: float) -> None:
+def connect(
+    name: str, command: list[str], env: dict[str, str], tools: Registry, timeout: float, conversation: bool = False
+) -> None:
     """Start one server, shake hands, list its tools (every page, within HANDSHAKE_TIMEOUT
-    in all) and register them; a server that fails is stopped and skipped with a warning."""
+    in all) and register them, in the room the tools after them leave (later_tools()); a
+    server that fails is stopped and skipped with a warning."""
     shown = safe(repr(name), 60)
     try:
         server = MCPServer(name, command, env)
@@ -3286,7 +3790,7 @@ def connect(name: str, command: list[str], env: dict[str, str], tools: Registry,
                 f"it speaks protocol {safe(repr(version), 40)}; this client speaks {', '.join(MCP_VERSIONS)}"
             )
         server.notify("notifications/initialized")
-        room = max(0, MAX_TOOLS - len(tools.tools) - 3)  # the skill tool, sub_agent and workflow come later
+        room = max(0, MAX_TOOLS - len(tools.tools) - len(later_tools(conversation)))  # theirs come after
         listed, cursor = [], None
         while True:  # the list may come in pages, until more than fit: the rest would be dropped anyway
             page = server.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
@@ -3408,7 +3912,25 @@ class Keyboard:
 
                 self.readline, self.reading = readline, False
                 signal.signal(signal.SIGURG, self.nudged)
+                os.set_blocking(SIGNALLED[1], False)  # set_wakeup_fd() requires it: a full pipe drops a byte
+                signal.set_wakeup_fd(SIGNALLED[1], warn_on_full_buffer=False)
+                start_quietly(threading.Thread(target=self.watch_signals, name="signals", daemon=True))
         start_quietly(threading.Thread(target=self.read, name="keyboard", daemon=True))
+
+    def watch_signals(self) -> None:
+        """Its thread. readline sees a signal only when it interrupts the select() that waits for a
+        key: one that ends the agent (a kill, a closed terminal) and comes as readline starts, before
+        that select(), would wait for Enter; one handled inside readline's pre-input hook is cleared
+        with what the hook raises. Python writes each signal's number to the wakeup fd, whatever the
+        main thread does. Such a signal is sent again while its handler has not run (then only it is
+        due: two handlers that raise at once are a SystemError), and once it has, if the prompt still
+        waits, SIGURG follows, whose handler raises it again. A Ctrl-C is not sent again: it would
+        count twice if the first was handled meanwhile."""
+        while data := os.read(SIGNALLED[0], 512):
+            if ends := [number for number in data if number in STOP_SIGNALS and number != signal.SIGINT]:
+                nudge(lambda: not ENDING, ends[-1])  # stop() appends to ENDING
+                time.sleep(0.2)  # an exception raised is out of readline by now
+                nudge(lambda: bool(ENDING))
 
     def read(self) -> None:
         """The thread: whole lines, as a terminal in its usual (canonical) mode hands them over."""
@@ -3492,7 +4014,12 @@ class Keyboard:
 
     def nudged(self, number: int, frame: object) -> None:
         """SIGURG, sent by nudge(): leave readline, keeping what was typed, unless the line
-        was accepted already (readline added it to the history: input() is returning it)."""
+        was accepted already (readline added it to the history: input() is returning it).
+        A stop that ends the agent and finds it still at the prompt was raised inside readline's
+        pre-input hook, which clears whatever the hook raises: it is raised again here
+        (Keyboard.watch_signals() sends SIGURG for it)."""
+        if ENDING and PROMPTING.is_set():
+            raise KeyboardInterrupt
         if PROMPTING.is_set() and self.readline.get_current_history_length() == self.history:
             if self.editing:
                 self.typed = self.readline.get_line_buffer()
@@ -3541,16 +4068,17 @@ def show_question(question: str) -> None:
 
 
 PROMPTING = threading.Event()  # the main thread waits for a line at the prompt, in readline
+SIGNALLED = os.pipe()  # the wakeup fd's: the number of every signal with a handler, as it comes (Keyboard)
 
 
-def nudge(waiting: Callable[[], bool]) -> None:
+def nudge(waiting: Callable[[], bool], number: int = signal.SIGURG) -> None:
     """Wake the main thread if it waits at the prompt: a tick must not wait for a line. Again
     while what was posted still waits: a signal that comes as readline starts, before it
     waits for a key, is seen only at the next one (a nudge with nothing due goes back)."""
     for _ in range(25):
         if not (PROMPTING.is_set() and waiting()):
             return
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
+        signal.pthread_kill(threading.main_thread().ident, number)
         time.sleep(0.2)
 
 
@@ -3997,7 +4525,7 @@ def main(args: list[str]) -> int:
         # send() retries, and says so; the HTTP client notes its sockets, for stop_all() to shut.
         client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, max_retries=0, http_client=http_client())
         resumed = open_session(resume_id) if resume_id is not None else None  # a wrong ID starts no server
-        start_servers(registry, MCP_TIMEOUT)  # their tools before sub_agent's, and before the estimate that counts them
+        start_servers(registry, MCP_TIMEOUT, task is None)  # their tools before sub_agent's, and before the estimate
         if resumed:
             session = resumed
             if session.sandboxed and not SANDBOX:
@@ -4011,10 +4539,11 @@ def main(args: list[str]) -> int:
             offer_tools(session, found, client, task is None)
             print(f"[resumed session {session.id}, {len(session.history)} messages]", file=sys.stderr)
             report_state(session)
+            TASKS.begin(session)  # before the task's message: what did not survive goes in with it
             # Before the first request only an estimate: the API has counted nothing yet.
-            used = session.tokens + estimate([task or "", registry.definitions()])
+            used = session.tokens + estimate([session.note, task or "", registry.definitions()])
             if task is not None:
-                session.history.append({"role": "user", "content": task})
+                session.add(task)
                 session.save()
             report_budget(used, window, " · estimated")
         else:
@@ -4025,6 +4554,7 @@ def main(args: list[str]) -> int:
             session = create_session([system, *first], sorted(skills))
             offer_tools(session, found, client, task is None)
             print(f"[new session {session.id}]", file=sys.stderr)
+            TASKS.begin(session)
             used = estimate([session.history, registry.definitions()])
         hint = f"\n[session {session.id} — continue with: -c {session.id}]"
         status = run(client, session, window, used, task is not None)
@@ -4039,8 +4569,13 @@ def main(args: list[str]) -> int:
         print(f"\ninterrupted{done}{hint}", file=sys.stderr)
         return 130
     finally:  # every way out: the end, an error, Ctrl-C, a kill, a closed terminal
+        stopped = TASKS.end_all()  # first: from here on no signal cuts the ending short
         stop_servers(SERVERS[:])
+        end_orphans()
+        keep_untold(TASKS.session)
         restore_terminal()
+        if stopped:  # the last line: what this run ended, and where what they printed is
+            tell(TASKS.stopped_line(stopped))
 
 
 def terminal_state() -> list | None:
@@ -4062,11 +4597,19 @@ def restore_terminal() -> None:
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, FOUND_TERMINAL)
 
 
+def later_tools(conversation: bool) -> list[dict]:
+    """What offer_tools() registers after the servers' tools (the skill tool's, whether it is
+    offered or not): the room the servers leave, for no request to offer more than MAX_TOOLS."""
+    after = [SKILL, SUB_AGENT, WORKFLOW, TERMINAL_OUTPUT, TERMINAL_INPUT, TERMINAL_KILL]
+    return after + ([SCHEDULE_WAKEUP, GET_GOAL, CREATE_GOAL, UPDATE_GOAL] if conversation else [])
+
+
 def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI, conversation: bool) -> None:
     """The tools that go with a session, before the estimate that counts them: the skill
     tool, exactly when the session's prompt lists skills (a resumed one: the list it
-    started with), with what the list costs; then sub_agent and workflow; in a
-    conversation, after them (a child has no conversation), the wake-up and the goal's."""
+    started with), with what the list costs; then sub_agent and workflow; after them (a
+    child has no background tasks) the terminal tools; in a conversation (a child has
+    none either), the wake-up and the goal's. later_tools() lists them all."""
     if session.skills:
         registry.register(SKILL, lambda args: load_skill(args, session.skills, found))
     report_manifest(session.history, session.skills)
@@ -4075,6 +4618,9 @@ def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI
         registry.register(
             tool, functools.partial(run_it, client=client, parent=session, tools=child_tools), takes_call=True
         )
+    registry.register(TERMINAL_OUTPUT, terminal_output)
+    registry.register(TERMINAL_INPUT, terminal_input)
+    registry.register(TERMINAL_KILL, terminal_kill)
     if conversation:
         registry.register(SCHEDULE_WAKEUP, schedule_wakeup)
         registry.register(GET_GOAL, lambda args: GOALS.report())
@@ -4132,6 +4678,10 @@ def run(client: openai.OpenAI, session: Session, window: int, used: int, task_gi
         elif kind == "tick":
             say("\n[wake-up due; starting a new turn]")
             outcome = turn(client, session, window, REMINDER + line[1], "wakeup")
+        elif kind == "bg":  # a background task ended: its notice is the new turn's message
+            TASKS.delivered(line[0])
+            say(f"\n[background task {line[0]} finished; starting a new turn]")
+            outcome = turn(client, session, window, line[1], "background")
         elif line.removeprefix(QUEUED).strip():  # at the prompt, a /q line runs now
             outcome = turn(client, session, window, line.removeprefix(QUEUED).strip())
         if outcome == EXIT:
@@ -4142,9 +4692,9 @@ def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | No
     """What came in during the turn, each as a turn of its own: late steers first, joined
     into one, then the queued lines in the order they were typed."""
     while True:
-        if late := taken("steer", "wakeup"):
+        if late := taken("steer", "wakeup", "background"):
             say(f"[steer arrived late: the turn had finished; {len(late)} folded into a follow-up turn]")
-            origin = "steer" if any(origin == "steer" for origin, _ in late) else "wakeup"
+            origin = "steer" if any(origin == "steer" for origin, _ in late) else late[0][0]
             outcome = turn(client, session, window, "\n\n".join(text for _, text in late), origin)
         elif queued := taken("queued", first=True):  # one at a time: a Ctrl-C in it drops the others
             say("[starting the queued line]")
@@ -4202,6 +4752,11 @@ def turn(
                 with INBOX_LOCK:
                     INBOX.append(("wakeup", REMINDER + value[1]))
                 say("\n[wake-up due while the turn runs; it goes in as a steer]")
+            if kind == "bg":  # a question up holds the line back (say()), and stays
+                TASKS.delivered(value[0])
+                with INBOX_LOCK:
+                    INBOX.append(("background", value[1]))
+                say(f"\n[background task {value[0]} finished; it goes in as a steer]")
             if kind == "ask" and (STOPPING.is_set() or INPUT_CLOSED.is_set()):
                 value[1].put(False)  # nobody can answer it, or it was answered no by the stop already
             elif kind == "ask":
@@ -4254,6 +4809,9 @@ def turn(
                 raise
             questions.clear()
             hold_status_lines(False)
+            for _, notice in taken("background"):  # never dropped, and no turn of its own now: with your next line
+                session.note += notice + "\n\n"
+                say("\n[a background task's notice waits for your next message]")
             if dropped := taken("steer", "queued", "wakeup", "goal"):  # a stop means stop: none of it runs
                 say(f"\n[dropped what was waiting: {safe(' | '.join(text for _, text in dropped), 300)}]")
             if WAKER.cancel():  # and no wake-up starts another turn
@@ -4303,7 +4861,7 @@ def rounds(client: openai.OpenAI, session: Session, window: int, used: int | Non
     for round_number in range(1, MAX_ROUNDS + 1):
         # The one place a steer goes in: after the last results, before the next request,
         # so that no message ever stands between a call and its result.
-        if steers := taken("steer", "wakeup", "goal"):
+        if steers := taken("steer", "wakeup", "goal", "background"):
             for origin, steer in steers:
                 session.add(steer, origin)
             session.save()

@@ -340,13 +340,14 @@ def test_a_window_too_small_for_any_summary_ends_the_run_at_the_floor(provider: 
 
 
 def test_a_last_round_larger_than_the_tail_is_kept_alone_and_the_rest_folded(
-    provider: FakeProvider, workdir: Path
+    provider: FakeProvider, workdir: Path, tmp_path: Path
 ) -> None:
-    """A 6 KB file read twice against a 3,000-token llama.cpp server: the second read's round is
-    over the 900 tokens a tail may take, and nothing shorter ends the history. Everything before
-    that round is folded, and the turn goes on (it used to end with the refusal, at every -c)."""
+    """A 6 KB file read twice against a llama.cpp server whose window holds the prompt, the tools
+    and one read (some 3,000 tokens): the second read's round is over the 30% a tail may take,
+    and nothing shorter ends the history. Everything before that round is folded, and the turn
+    goes on (it used to end with the refusal, at every -c)."""
     (workdir / "notes.txt").write_text("note line\n" * 600)
-    small_server(provider, "llamacpp", limit=3000)
+    small_server(provider, "llamacpp", limit=first_request_tokens("final", tmp_path) + 1800)  # a read is 1,550
     provider.script(tool_call("read_file", {"path": "notes.txt"}, call_id="first"), text("One line, repeated."))
     assert_ok(run_agent("final", "Read notes.txt", provider=provider, cwd=workdir, MODEL="deepseek-chat"))
     provider.script(tool_call("read_file", {"path": "notes.txt"}, call_id="second"), text("Still the same."))

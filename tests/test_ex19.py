@@ -54,6 +54,8 @@ from helpers import (
 )
 
 CHAPTER = 19
+# What a child never has: the tools registered from sub_agent on (agent.py: chapter 28's terminal tools too).
+PARENT_ONLY = ("sub_agent", "workflow", "terminal_output", "terminal_input", "terminal_kill")
 both = pytest.mark.parametrize("chapter", [CHAPTER, "final"])
 TASK = "Which of the notes in notes/ is about signing? Use a subagent to read them."
 KEY = "notes/a.txt and notes/b.txt"  # in the child's prompt only: its replies are routed by it
@@ -108,9 +110,7 @@ def test_a_child_starts_with_the_system_prompt_and_its_prompt_and_has_no_sub_age
     assert "sub_agent" in tool_names(parent[0])
     for body in child:
         assert "sub_agent" not in tool_names(body)
-        assert body["tools"] == [
-            t for t in parent[0]["tools"] if t["function"]["name"] not in ("sub_agent", "workflow")
-        ]
+        assert body["tools"] == [t for t in parent[0]["tools"] if t["function"]["name"] not in PARENT_ONLY]
     if chapter == CHAPTER:
         assert tool_names(child[0]) == ["read_file", "write_file", "edit_file", "bash"]
 

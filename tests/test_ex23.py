@@ -54,6 +54,7 @@ from conftest import TEST_KEY, hermetic_env, load_program, program, run_agent
 from fake_provider import FakeProvider, text
 from helpers import (
     SESSION_ID,
+    Live,
     alive,
     assert_ok,
     assert_one_error_line,
@@ -65,6 +66,7 @@ from helpers import (
     results,
     session_bytes,
     session_file,
+    wait_until,
     warnings,
 )
 
@@ -575,25 +577,32 @@ def processes_in(namespace: str, pid: int) -> list[int]:
 @each
 def test_a_timeout_kills_everything_the_caged_command_started(chapter, tmp_path: Path, cage_possible: None) -> None:
     """A child in a session of its own escapes the kill of the process group: without -sandbox
-    it survives the run (so this test can fail); in the cage, the pid namespace dies with the command."""
+    it survives the timeout (so this test can fail); in the cage, the pid namespace dies with the
+    command. Looked at while the agent still runs: from chapter 28 on (agent.py), the agent is a
+    subreaper, and what its commands left ends with it."""
     command = "setsid sleep 300 > /dev/null 2>&1 & echo $! > sleeper.txt; readlink /proc/self/ns/pid > ns.txt; wait"
     survivors = {}
     for caged in (True, False):
         layout = make_layout(tmp_path / ("caged" if caged else "uncaged"))
         with FakeProvider() as fp:
-            fp.script(bash_calls(t={"command": command, "timeout": 3}), text(DONE))
-            result = run(chapter, layout, fp, *(["-sandbox"] if caged else []), TASK, answers="y\n", timeout=60)
-        namespace, pid = "", 0
-        try:
-            namespace = (layout.work / "ns.txt").read_text().strip()
-            pid = int((layout.work / "sleeper.txt").read_text())
-            deadline = time.monotonic() + 5  # SIGKILL is delivered at once; a dying process may show for a moment
-            while (found := processes_in(namespace, pid)) and caged and time.monotonic() < deadline:
-                time.sleep(0.02)
-            survivors[caged] = found
-        finally:
-            for leftover in processes_in(namespace, pid):
-                kill_quietly(leftover)
+            fp.script(bash_calls(t={"command": command, "timeout": 3}), text(DONE, pause_after=0))  # held: it runs
+            flags = ["-sandbox"] if caged else []
+            env = {"HOME": str(layout.home), "TMPDIR": str(layout.tmp)}
+            with Live(chapter, *flags, TASK, provider=fp, cwd=layout.work, answers="y\n", **env) as agent:
+                namespace, pid = "", 0
+                try:
+                    wait_until(fp.paused.is_set, "the request after the timeout", timeout=60)
+                    namespace = (layout.work / "ns.txt").read_text().strip()
+                    pid = int((layout.work / "sleeper.txt").read_text())
+                    deadline = time.monotonic() + 5  # SIGKILL is delivered at once; a dying process may show a moment
+                    while (found := processes_in(namespace, pid)) and caged and time.monotonic() < deadline:
+                        time.sleep(0.02)
+                    survivors[caged] = found
+                finally:
+                    fp.release()
+                    result = agent.completed()
+                    for leftover in processes_in(namespace, pid):
+                        kill_quietly(leftover)
         assert_ok(result, DONE + "\n")
         assert results(fp)["t"].startswith("error: command exceeded 3 s and was killed"), results(fp)
     assert survivors[True] == [], "a process the caged command started outlived its timeout"

@@ -61,7 +61,7 @@ from helpers import (
     wait_until,
 )
 
-PROGRAMS = [28, 29, 30]
+PROGRAMS = [28, 29, 30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 QUESTION = "allow? (y/N) "

@@ -38,7 +38,9 @@ def test_the_agent_counts_its_own_tools_with_grep(chapter, provider, workdir) ->
         ),
         text("It is an agent: one loop, and these tools."),
     )
-    done = run_agent(chapter, "Count your own tools in agent.py with grep, and list them.", provider=provider, cwd=workdir)
+    done = run_agent(
+        chapter, "Count your own tools in agent.py with grep, and list them.", provider=provider, cwd=workdir
+    )
     assert done.returncode == 0, done.stderr
     got = results(provider)
     expected = [line for line in source.splitlines() if re.match(DEFINED, line)]

@@ -134,16 +134,19 @@ def agent(
     replies: tuple[Reply, ...] = (),
     answers: str | None = None,
     timeout: float = 60,
+    conversation: bool = False,
     **env: str | None,
 ) -> subprocess.CompletedProcess:
     """agent.py with args (TASK if none), the model's replies scripted; at a terminal that
-    answers its questions with the lines of `answers`, or with no terminal at all (None)."""
+    answers its questions with the lines of `answers`, or with no terminal at all (None).
+    A conversation has no args: TASK is its one line, on its stdin."""
     provider.script(*replies)
     for directory in (home_of(workdir), workdir.parent / "tmp"):
         directory.mkdir(exist_ok=True)
     env = {"HOME": str(home_of(workdir)), "TMPDIR": str(workdir.parent / "tmp"), **env}
+    args, stdin = ((), TASK + "\n") if conversation else (args or (TASK,), None)
     return run_agent(
-        "final", *(args or (TASK,)), provider=provider, cwd=workdir, answers=answers, timeout=timeout, **env
+        "final", *args, provider=provider, cwd=workdir, stdin=stdin, answers=answers, timeout=timeout, **env
     )
 
 
@@ -592,9 +595,10 @@ def test_a_flood_of_stderr_lines_while_a_question_waits_keeps_memory_bounded(
 # ---------------------------------------------------------------- what a server lists
 
 
+@pytest.mark.parametrize("conversation", [False, True], ids=["one-shot", "a conversation"])
 @pytest.mark.parametrize("skill", [False, True], ids=["no skill", "a skill"])
 def test_more_tools_than_fit_are_cut_to_128_in_a_request_with_a_warning(
-    provider: FakeProvider, workdir: Path, server: Callable[..., Server], skill: bool
+    provider: FakeProvider, workdir: Path, server: Callable[..., Server], skill: bool, conversation: bool
 ) -> None:
     if skill:
         put_skill(workdir, "deploy", "---\nname: deploy\ndescription: Deploys the site.\n---\nSteps.\n")
@@ -602,14 +606,17 @@ def test_more_tools_than_fit_are_cut_to_128_in_a_request_with_a_warning(
     b = server("b", tools=[tool(f"u{n:03d}") for n in range(100)])
     c = server("c", tools=[tool("late")])
     put_config(workdir, a, b, c)
-    result = agent(provider, workdir, replies=(text(FINAL),), answers="y\ny\ny\n")
-    assert_ok(result, FINAL + "\n")
+    result = agent(provider, workdir, replies=(text(FINAL),), answers="y\ny\ny\n", conversation=conversation)
+    assert result.returncode == 0 and FINAL in result.stdout, result.stderr
     names = tool_names(provider.chat_requests[0])
     assert len(names) == (128 if skill else 127) and len(set(names)) == len(names)
+    # After the servers' tools come the skill tool, sub_agent, workflow and the three terminal tools;
+    # in a conversation, schedule_wakeup and the goal's three too. What is left is b's.
+    fit = 128 - 4 - 100 - (10 if conversation else 6)
     assert [n for n in names if n.startswith("mcp__")] == [f"mcp__a__t{n:03d}" for n in range(100)] + [
-        f"mcp__b__u{n:03d}" for n in range(21)
+        f"mcp__b__u{n:03d}" for n in range(fit)
     ]
-    assert "warning: MCP server 'b' lists 100 tools; only the first 21 fit in a request" in warnings(result.stderr)
+    assert f"warning: MCP server 'b' lists 100 tools; only the first {fit} fit in a request" in warnings(result.stderr)
     assert "warning: MCP server 'c' lists 1 tools; only the first 0 fit in a request" in warnings(result.stderr)
 
 
