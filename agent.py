@@ -3890,7 +3890,8 @@ class Keyboard:
     with readline: a line can be edited, and the arrows bring back earlier ones. During a
     turn, a thread of its own, which posts each line to EVENTS (a steer, an answer, a
     command). Without readline, or with input that is no terminal, that thread reads all
-    the time, and the prompt waits on EVENTS like the rest."""
+    the time, and the prompt waits on EVENTS like the rest. With readline, a second thread
+    sees that a signal came which readline would take only at Enter (watch_signals())."""
 
     def __init__(self) -> None:
         self.readline = None  # the module, when the prompt uses it
