@@ -69,7 +69,7 @@ from helpers import (
     wait_until,
 )
 
-PROGRAMS = [29, 30]
+PROGRAMS = [29, 30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 QUESTION = "allow? (y/N) "

@@ -19,7 +19,7 @@ from conftest import program, run_agent
 from fake_provider import text
 from helpers import calls, results
 
-PROGRAMS = [30]  # the last chapter's program: the whole book
+PROGRAMS = [30, "final"]  # the last chapter's program and agent.py: the whole book
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 # A tool's definition, by the helper every chapter writes. One tool is a literal instead

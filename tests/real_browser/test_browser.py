@@ -33,7 +33,7 @@ from helpers import calls, free_port, kill_quietly, results, session_file, wait_
 from .conftest import BROWSER_NAMES, group, started, using
 from .pages import BOOK_TOTAL, RESULTS
 
-PROGRAMS = [30]
+PROGRAMS = [30, "final"]
 each = pytest.mark.parametrize("chapter", PROGRAMS)
 
 QUESTION = "allow? (y/N) "
