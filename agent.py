@@ -5715,7 +5715,7 @@ def restore_terminal() -> None:
 def later_tools(conversation: bool) -> list[dict]:
     """What offer_tools() registers after the servers' tools (the skill tool's, whether it is
     offered or not): the room the servers leave, for no request to offer more than MAX_TOOLS."""
-    after = [SKILL, SUB_AGENT, WORKFLOW, TERMINAL_OUTPUT, TERMINAL_INPUT, TERMINAL_KILL]
+    after = [SKILL, SUB_AGENT, WORKFLOW, TERMINAL_OUTPUT, TERMINAL_INPUT, TERMINAL_KILL, BROWSER]
     return after + ([SCHEDULE_WAKEUP, GET_GOAL, CREATE_GOAL, UPDATE_GOAL] if conversation else [])
 
 
@@ -5723,8 +5723,8 @@ def offer_tools(session: Session, found: dict[str, Skill], client: openai.OpenAI
     """The tools that go with a session, before the estimate that counts them: the skill
     tool, exactly when the session's prompt lists skills (a resumed one: the list it
     started with), with what the list costs; then sub_agent and workflow; after them (a
-    child has no background tasks) the terminal tools; in a conversation (a child has
-    none either), the wake-up and the goal's. later_tools() lists them all."""
+    child has no background tasks) the terminal tools and the browser; in a conversation (a
+    child has none either), the wake-up and the goal's. later_tools() lists them all."""
     if session.skills:
         registry.register(SKILL, lambda args: load_skill(args, session.skills, found))
     report_manifest(session.history, session.skills)

@@ -610,9 +610,10 @@ def test_more_tools_than_fit_are_cut_to_128_in_a_request_with_a_warning(
     assert result.returncode == 0 and FINAL in result.stdout, result.stderr
     names = tool_names(provider.chat_requests[0])
     assert len(names) == (128 if skill else 127) and len(set(names)) == len(names)
-    # After the servers' tools come the skill tool, sub_agent, workflow and the three terminal tools;
-    # in a conversation, schedule_wakeup and the goal's three too. What is left is b's.
-    fit = 128 - 4 - 100 - (10 if conversation else 6)
+    # Before the servers' tools: the file tools, bash, grep, glob and web_fetch (7). After them: the
+    # skill tool, sub_agent, workflow, the three terminal tools and the browser; in a conversation,
+    # schedule_wakeup and the goal's three too. What is left is b's.
+    fit = 128 - 7 - 100 - (11 if conversation else 7)
     assert [n for n in names if n.startswith("mcp__")] == [f"mcp__a__t{n:03d}" for n in range(100)] + [
         f"mcp__b__u{n:03d}" for n in range(fit)
     ]
