@@ -900,6 +900,83 @@ def figure_grep(tmp: Path, files: int = 100_000, repeats: int = 5) -> list[Row]:
     return [("grep over 100,000 small files ÷ bare rg", value, "≤ 1.3", yes_no(ratio <= 1.3))]
 
 
+def figure_task_memory(tmp: Path, size: int = 1 << 30, wait: float = 30) -> list[Row]:
+    """14. Peak RSS of the agent while a background task prints 1 GiB, over the same run with `echo hi`."""
+    say(f"14/{len(FIGURES)} peak memory while a background task prints 1 GiB")
+    work = tmp / "task"
+    work.mkdir()
+    with open(work / "big", "wb") as file:  # sparse, as in figure 5: a gigabyte to print, no disk
+        file.truncate(size)
+    results: dict[str, Run] = {}
+    for name, command in (("baseline", "echo hi"), ("cat", "cat big")):
+        with TimedProvider() as provider:
+            # The task starts (`cat` inside the working directory asks nothing), and the model's
+            # next reply comes only after `wait` seconds: the one-shot run lives while the task runs.
+            provider.script(
+                tool_call("bash", {"command": command, "run_in_background": "async"}), text("done", delay=wait)
+            )
+            results[name] = checked(run([PYTHON, AGENT, "go"], work, agent_env(tmp, provider.url), memory=True), name)
+        records = [json.loads(line) for path in (work / ".sessions").glob("*.jsonl") for line in path.open()]
+        ends = [
+            r
+            for r in records
+            if r.get("type") == "task" and r.get("command") == command and r.get("status") != "running"
+        ]
+        if not ends or any(r.get("stopped_at_exit") for r in ends):
+            raise SystemExit(f"bench: the task `{command}` did not finish within {wait} s: {ends}")
+    peak, base = results["cat"].maxrss, results["baseline"].maxrss
+    value = (
+        f"{peak / MB:.1f} MB: {(peak - base) / MB:+.1f} MB over the same run with `echo hi` in the "
+        f"background ({base / MB:.1f} MB), while the task printed {size / 2**30:.0f} GiB to its end"
+    )
+    return [
+        ("Peak RSS while a background task prints 1 GiB, over `echo hi`", value, "≤ +1 MB", yes_no(peak - base <= MB))
+    ]
+
+
+def figure_fetch_memory(tmp: Path, size: int = 100 * MB) -> list[Row]:
+    """15. web_fetch of a 100 MB page served on 127.0.0.1: what it read, and its peak RSS over a small page's."""
+    say(f"15/{len(FIGURES)} web_fetch of a 100 MB page served locally")
+    from web_fixtures import Response, WebServer, huge
+
+    from conftest import Terminal  # a person at a terminal, for the yes 127.0.0.1 needs
+
+    work = tmp / "fetch"
+    work.mkdir()
+    results: dict[str, Run] = {}
+    with WebServer() as site:
+        site.route("/small", Response(b"x" * 1024, "text/plain"))
+        site.route("/huge", page := huge(size))
+        for name in ("small", "huge"):
+            with TimedProvider() as provider:
+                provider.script(tool_call("web_fetch", {"url": site.url(f"/{name}")}), text("done"))
+                terminal = Terminal("y\n")
+                try:
+                    argv = terminal.argv([PYTHON, str(AGENT), "go"])
+                    results[name] = checked(run(argv, work, agent_env(tmp, provider.url), memory=True), name)
+                finally:
+                    terminal.close()
+                fetched = provider.chat_requests[-1]["messages"][-1]["content"]
+            if "x" * 1000 not in fetched:
+                raise SystemExit(f"bench: web_fetch of /{name} returned no page: {fetched[:300]!r}")
+            if name == "huge" and (cut := re.search(r"only its first ([0-9,]+) were read", fetched)) is None:
+                raise SystemExit(f"bench: web_fetch of /huge said nothing of a cut: {fetched[-300:]!r}")
+    grown = results["huge"].maxrss - results["small"].maxrss
+    value = (
+        f"read {cut.group(1)} bytes, as the result says; the server had written {page.sent / MB:.2f} MB of "
+        f"{size / MB:.0f} MB (the sockets' buffers) when the agent closed the connection; "
+        f"peak RSS {results['huge'].maxrss / MB:.1f} MB, {grown / MB:+.1f} MB over a 1 KiB page's"
+    )
+    return [
+        (
+            "web_fetch of a 100 MB local page: read, and peak RSS over a 1 KiB page",
+            value,
+            "reads its cap; bounded",
+            yes_no(page.sent < 4 * MB and grown < 4 * MB),
+        )
+    ]
+
+
 # ---- the machine, and the table ----
 
 
@@ -937,6 +1014,8 @@ FIGURES = [
     figure_fan_out_memory,
     figure_compacted_resume,
     figure_grep,
+    figure_task_memory,
+    figure_fetch_memory,
 ]
 
 
