@@ -28,6 +28,7 @@ from helpers import (
     PROMPT_SECTION,
     SUMMARY_TEXT,
     assert_ok,
+    crossing_window,
     file_records,
     new_session_id,
     resumed,
@@ -195,12 +196,13 @@ def test_a_compaction_keeps_the_prompt_the_session_started_with(
     assert_prompt(chapter, started, base_prompt, rules_part(RULES))
     (workdir / "AGENTS.md").write_text("- Everything changed since.\n")
 
-    # The first round is counted at 3,107 of 4,000 tokens: the next request is compacted first.
+    # The first round is counted past 75% of the window: the next request is compacted first.
     (workdir / "todo.txt").write_text("- readConfig (Lin)\n")
     provider.summary = text(SUMMARY_TEXT)
-    provider.script(tool_call("read_file", {"path": "todo.txt"}, prompt_tokens=3100), text("One item."))
+    window, tokens = crossing_window(chapter)
+    provider.script(tool_call("read_file", {"path": "todo.txt"}, prompt_tokens=tokens), text("One item."))
     question = "Now read todo.txt and tell me what is still open"
-    result = run_agent(chapter, "-c", session_id, question, provider=provider, cwd=workdir, CONTEXT_WINDOW="4000")
+    result = run_agent(chapter, "-c", session_id, question, provider=provider, cwd=workdir, CONTEXT_WINDOW=str(window))
     assert_ok(result, "One item.\n")
     assert any(line.startswith("[compacted: ") for line in result.stderr.splitlines()), result.stderr
     before, after = turn_requests(provider)[-2:]

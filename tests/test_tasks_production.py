@@ -51,6 +51,7 @@ from helpers import (
     SUMMARY_TEXT,
     Live,
     calls,
+    crossing_window,
     file_records,
     header_line,
     kill_quietly,
@@ -63,7 +64,8 @@ from helpers import (
 )
 
 KEY_GONE = "[OPENAI_API_KEY removed]"
-WINDOW = {"CONTEXT_WINDOW": "4000"}  # EARLIER's session and a round counted at 3,107 tokens: then it compacts
+CROSSING_WINDOW, CROSSING_TOKENS = crossing_window("final")  # EARLIER's session and a round counted past 75%
+WINDOW = {"CONTEXT_WINDOW": str(CROSSING_WINDOW)}
 
 
 @pytest.fixture
@@ -85,7 +87,7 @@ def test_a_compaction_carries_the_tasks_and_a_resume_after_a_kill_numbers_on_and
     path = put_session(workdir, session_bytes(*EARLIER))
     provider.script(
         calls(bg("one", "echo $$ > one.pid; exec cat", "interactive"), bg("two", "exec cat", "interactive")),
-        calls(("kill", "terminal_kill", {"id": "bg_2"}), prompt_tokens=3100),  # the next request crosses 75%
+        calls(("kill", "terminal_kill", {"id": "bg_2"}), prompt_tokens=CROSSING_TOKENS),  # the next request crosses 75%
         text(SUMMARY_TEXT),  # the compaction's summary
         text("Never shown.", pause_after=0),  # held: the agent is killed while it waits
     )
