@@ -54,8 +54,8 @@ from helpers import (
 )
 
 CHAPTER = 19
-# What a child never has: the tools registered from sub_agent on (agent.py: chapter 28's terminal tools too).
-PARENT_ONLY = ("sub_agent", "workflow", "terminal_output", "terminal_input", "terminal_kill")
+# What a child never has: the tools registered from sub_agent on (agent.py: chapter 28's terminal tools and the browser too).
+PARENT_ONLY = ("sub_agent", "workflow", "terminal_output", "terminal_input", "terminal_kill", "browser")
 both = pytest.mark.parametrize("chapter", [CHAPTER, "final"])
 TASK = "Which of the notes in notes/ is about signing? Use a subagent to read them."
 KEY = "notes/a.txt and notes/b.txt"  # in the child's prompt only: its replies are routed by it
