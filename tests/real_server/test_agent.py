@@ -66,7 +66,8 @@ def test_plain_answer_streamed_and_saved(proxy: Proxy, workdir: Path) -> None:
     usage = exchange.usage()
     assert closing(result.stderr).finish == "length"
     assert closing(result.stderr).tokens == str(usage["prompt_tokens"])
-    assert f"[budget {usage['prompt_tokens'] + usage['completion_tokens']}/" in result.stderr
+    # The count as agent.py shows it: with thousands separated (1,213).
+    assert f"[budget {usage['prompt_tokens'] + usage['completion_tokens']:,}/" in result.stderr
     messages = disk_messages(session_file(workdir, new_session_id(result.stderr)))
     assert messages == [*sent_messages(exchange), {"role": "assistant", "content": text}]
 
