@@ -4992,6 +4992,7 @@ ANSWERS = {"y": True, "yes": True, "n": False, "no": False}
 INTERRUPTED_TURN = "interrupted by the user"
 EXIT = "the user typed /exit"
 ENDING: list[int] = []  # the signal that ends the agent (a kill, a closed terminal, Ctrl-\): not a Ctrl-C
+STOP_DUE = threading.Event()  # a stop signal came at the prompt: nudged() raises it out of readline
 
 
 class Nudged(Exception):
@@ -5015,6 +5016,7 @@ class Keyboard:
         self.editing = False  # readline is reading a line: what its buffer holds was typed for it
         self.history = 0  # readline's history length when the prompt began: one more, and the line was accepted
         self.typed: str | None = None  # what a nudge found typed; None: readline had not begun the line
+        self.nudges = 0  # SIGURGs handled: once one is, a stop's handler that was pending has run
 
     def start(self) -> None:
         if sys.stdin is None:  # started with its input closed (<&-): nobody will type
@@ -5033,18 +5035,17 @@ class Keyboard:
 
     def watch_signals(self) -> None:
         """Its thread. readline sees a signal only when it interrupts the select() that waits for a
-        key: one that ends the agent (a kill, a closed terminal) and comes as readline starts, before
-        that select(), would wait for Enter; one handled inside readline's pre-input hook is cleared
-        with what the hook raises. Python writes each signal's number to the wakeup fd, whatever the
-        main thread does. Such a signal is sent again while its handler has not run (then only it is
-        due: two handlers that raise at once are a SystemError), and once it has, if the prompt still
-        waits, SIGURG follows, whose handler raises it again. A Ctrl-C is not sent again: it would
-        count twice if the first was handled meanwhile."""
+        key: one that comes as readline starts, before that select(), would wait for the next key,
+        and one handled inside readline's pre-input hook would be cleared with what the hook
+        raises. So at the prompt stop() raises nothing: it marks the stop due (STOP_DUE), and this
+        thread, which Python wakes with each signal's number (the wakeup fd), sends SIGURG until
+        nudged() has raised it. A SIGURG also runs a handler still pending: Python runs the due
+        handlers in the order of their numbers, a stop's before SIGURG's, and only nudged() raises
+        (two handlers that raise at once are CPython's SystemError)."""
         while data := os.read(SIGNALLED[0], 512):
-            if ends := [number for number in data if number in STOP_SIGNALS and number != signal.SIGINT]:
-                nudge(lambda: not ENDING, ends[-1])  # stop() appends to ENDING
-                time.sleep(0.2)  # an exception raised is out of readline by now
-                nudge(lambda: bool(ENDING))
+            if any(number in STOP_SIGNALS for number in data):
+                # Until a nudge is handled, the stop's handler may be pending; then, until it is raised.
+                nudge(lambda handled=self.nudges: STOP_DUE.is_set() or self.nudges == handled)
 
     def read(self) -> None:
         """The thread: whole lines, as a terminal in its usual (canonical) mode hands them over."""
@@ -5125,14 +5126,16 @@ class Keyboard:
         finally:
             PROMPTING.clear()
             hold_status_lines(False, "prompt")
+            if STOP_DUE.is_set():  # raised by nudged(), or come as the prompt ended: it outranks the line
+                STOP_DUE.clear()
+                raise KeyboardInterrupt
 
     def nudged(self, number: int, frame: object) -> None:
         """SIGURG, sent by nudge(): leave readline, keeping what was typed, unless the line
         was accepted already (readline added it to the history: input() is returning it).
-        A stop that ends the agent and finds it still at the prompt was raised inside readline's
-        pre-input hook, which clears whatever the hook raises: it is raised again here
-        (Keyboard.watch_signals() sends SIGURG for it)."""
-        if ENDING and PROMPTING.is_set():
+        A stop signal that came at the prompt is raised here (stop(), Keyboard.watch_signals())."""
+        self.nudges += 1
+        if STOP_DUE.is_set() and PROMPTING.is_set():  # cleared as it leaves prompt(): inside the hook, raised again
             raise KeyboardInterrupt
         if PROMPTING.is_set() and self.readline.get_current_history_length() == self.history:
             if self.editing:
@@ -5185,14 +5188,14 @@ PROMPTING = threading.Event()  # the main thread waits for a line at the prompt,
 SIGNALLED = os.pipe()  # the wakeup fd's: the number of every signal with a handler, as it comes (Keyboard)
 
 
-def nudge(waiting: Callable[[], bool], number: int = signal.SIGURG) -> None:
-    """Wake the main thread if it waits at the prompt: a tick must not wait for a line. Again
+def nudge(waiting: Callable[[], bool]) -> None:
+    """Wake the main thread if it waits at the prompt (SIGURG): a tick must not wait for a line. Again
     while what was posted still waits: a signal that comes as readline starts, before it
     waits for a key, is seen only at the next one (a nudge with nothing due goes back)."""
     for _ in range(25):
         if not (PROMPTING.is_set() and waiting()):
             return
-        signal.pthread_kill(threading.main_thread().ident, number)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGURG)
         time.sleep(0.2)
 
 
@@ -5855,12 +5858,16 @@ def turn(
             finished.set()  # after: a "done" taken from the queue is never one still to come
 
     finished = threading.Event()
+    # Once the turn runs, a stop signal must stop it, not end the agent from outside the loop's
+    # try: held (blocked) until the try, where unblocking it raises it there.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     worker = start_quietly(threading.Thread(target=work, name="turn", daemon=True))  # its children inherit that
     KEYBOARD.turn_starts()
     questions: list[tuple[str, queue.SimpleQueue]] = []  # the first is on the screen; the others wait
     exiting = False
     while True:
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
             kind, value = next_event(finished)
             if kind == "done":
                 break
@@ -6067,6 +6074,8 @@ def stop(number: int, frame: object) -> None:
     if number != signal.SIGINT:
         ENDING.append(number)
         ignore_stop_signals()
+    if PROMPTING.is_set():  # readline could lose it: nudged() raises it (Keyboard.watch_signals())
+        return STOP_DUE.set()
     raise KeyboardInterrupt
 
 

@@ -100,20 +100,11 @@ class Resident:
         return self.wait_for(PROMPT.replace("\n", "\r\n"), count, timeout)
 
     def interrupt_to_exit(self, timeout: float = 30) -> int:
-        """Ctrl-C at the prompt, for a program that ends on it; its exit status. readline (agent.py)
-        sees a signal only while it waits for a key: one that comes as it starts, the moment its
-        prompt shows, waits for the next key. So Ctrl-C again each second until the program ends."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.type("\x03")
-            try:
-                status = self.process.wait(1)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
-                    raise
-        self.reader.join(5)
-        return status
+        """One Ctrl-C at the prompt, for a program that ends on it; its exit status. Typed the moment
+        the prompt shows, it must count: agent.py's readline, which sees a signal only while it waits
+        for a key, is nudged out by a thread for one that came as it started."""
+        self.type("\x03")
+        return self.wait_exit(timeout)
 
     def wait_exit(self, timeout: float = 30) -> int:
         try:

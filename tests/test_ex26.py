@@ -125,14 +125,6 @@ def quiet_for(provider: FakeProvider, terminal: Resident, seconds: float) -> Non
     assert terminal.process.poll() is None, terminal.text
 
 
-def settle_at_prompt() -> None:
-    """The prompt is on the screen while its print has not returned yet, outside the code that
-    handles a Ctrl-C at the prompt: a Ctrl-C typed in that instant ends the agent although a
-    wake-up is armed (a bug of chapters 26 and 27, reported, not what these tests are about).
-    No event says the print has returned: a moment's wait."""
-    time.sleep(0.5)
-
-
 def tick(program: ModuleType, timeout: float = 30) -> tuple[int, str]:
     """The next event of the loaded program's queue, which must be a tick: (generation, prompt)."""
     kind, value = program.EVENTS.get(timeout=timeout)
@@ -450,8 +442,7 @@ def test_ctrl_c_at_the_prompt_stops_the_loop_keeps_the_agent_and_a_second_one_en
     terminal.line("Watch the queue every half minute.")
     terminal.wait_for("[wake-up scheduled: every 30 s (queue watch)]")
     terminal.wait_prompt(2)
-    settle_at_prompt()
-    terminal.type("\x03")
+    terminal.type("\x03")  # the moment the prompt shows: readline's start is no blind spot
     terminal.wait_for(STOPPED_AT_PROMPT)
     terminal.wait_prompt(3)
     path = session_path(workdir, terminal.text)
