@@ -1,7 +1,8 @@
 """The repository's layout: every chapter is a program that runs and a README
 that names it; agent.py runs too; at run time only openai and python-dotenv
 are needed; each chapter adds an amount of code a learner can type; and no
-tracked file sends a reader to a document the repository does not have.
+tracked file sends a reader to a document the repository does not have; the
+production guide quotes agent.py as it stands.
 """
 
 from __future__ import annotations
@@ -174,3 +175,17 @@ def test_no_tracked_file_cites_a_document_the_repository_lacks() -> None:
             if match := citation.search(line):
                 found.append(f"{name}:{number}: {match.group(0)}")
     assert not found, "citations of documents this repository does not have:\n" + "\n".join(found)
+
+
+def test_the_production_guide_quotes_agent_py_word_for_word() -> None:
+    """The guide promises that a block marked python is agent.py's code, one contiguous excerpt
+    (a line "..." joins two): an excerpt the code has moved on from teaches what no longer runs."""
+    guide = (ROOT / "exercises" / "production" / "README.md").read_text(encoding="utf-8")
+    code = (ROOT / "agent.py").read_text(encoding="utf-8")
+    stale = []
+    for block in re.finditer(r"^```python\n(.*?)^```", guide, re.S | re.M):
+        for piece in re.split(r"^\s*\.\.\.\n", block.group(1), flags=re.M):
+            if piece.strip() and piece not in code:
+                line = guide[: block.start()].count("\n") + 1
+                stale.append(f"line {line}: {piece.splitlines()[0]}")
+    assert not stale, "excerpts of the guide that agent.py no longer holds:\n" + "\n".join(stale)
