@@ -247,12 +247,14 @@ STOP_SIGNALS = tuple(
     if number not in NOT_STOPS and signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler)
 )
 # The keys the agent holds. No command inherits one (WITHOUT_KEY: the environment commands
-# run in, without them under any name or inside any value), and none reaches the history (redact()).
+# run in, without them under any name or inside any value), and none reaches the history
+# (redact()). A key shorter than 8 characters is no secret (Ollama takes any, "ollama" or "x"):
+# looked for inside values, it would take TERM=xterm or a HOME away from every command.
 SECRETS = {"OPENAI_API_KEY": API_KEY, "BRAVE_SEARCH_API_KEY": setting("BRAVE_SEARCH_API_KEY")}
 WITHOUT_KEY = {
     name: value
     for name, value in os.environ.items()
-    if name not in SECRETS and not any(key and key in value for key in SECRETS.values())
+    if name not in SECRETS and not any(len(key) >= 8 and key in value for key in SECRETS.values())
 }
 
 

@@ -89,3 +89,20 @@ def test_a_key_shorter_than_8_characters_is_no_secret_to_take_out(provider, work
         "final", provider, workdir, [("r", "read_file", {"path": "note.txt"})], BRAVE_SEARCH_API_KEY="abc"
     )
     assert found["r"] == "abc is short\n"
+
+
+def test_a_key_shorter_than_8_characters_takes_no_variable_from_a_command(provider, workdir) -> None:
+    """Ollama takes any key, and its users write "ollama" or "x": looked for inside values, such a
+    key took TERM=xterm, a HOME or a models directory away from every command. The key itself,
+    by its name, still goes."""
+    found, _ = run_calls(
+        "final",
+        provider,
+        workdir,
+        [("b", "bash", {"command": "printenv MODELS TERM OPENAI_API_KEY; echo end"})],
+        answers="y\n",
+        OPENAI_API_KEY="x",
+        MODELS="/srv/ollama/models",
+        TERM="xterm",
+    )
+    assert found["b"] == "/srv/ollama/models\nxterm\nend\n"
