@@ -251,11 +251,13 @@ STOP_SIGNALS = tuple(
 # (redact()). A key shorter than 8 characters is no secret (Ollama takes any, "ollama" or "x"):
 # looked for inside values, it would take TERM=xterm or a HOME away from every command.
 SECRETS = {"OPENAI_API_KEY": API_KEY, "BRAVE_SEARCH_API_KEY": setting("BRAVE_SEARCH_API_KEY")}
-WITHOUT_KEY = {
-    name: value
-    for name, value in os.environ.items()
-    if name not in SECRETS and not any(len(key) >= 8 and key in value for key in SECRETS.values())
-}
+
+
+def holds_key(value: str) -> bool:
+    return any(len(key) >= 8 and key in value for key in SECRETS.values())
+
+
+WITHOUT_KEY = {name: value for name, value in os.environ.items() if name not in SECRETS and not holds_key(value)}
 
 
 BASE_PROMPT = """\
@@ -4196,7 +4198,7 @@ def start_servers(tools: Registry, timeout: float, conversation: bool) -> None:
             if remembered:
                 line = safe(command_line(command, env), 300)
                 say(f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {line}]")
-            env = {key: value for key, value in env.items() if not (API_KEY and API_KEY in value)}  # never the key
+            env = {key: value for key, value in env.items() if not holds_key(value)}  # never a key
             connect(name, command, env, tools, timeout, conversation)
 
 
