@@ -443,7 +443,7 @@ def stays_clear(command: str) -> bool:
     except ValueError:  # unbalanced quotes: not a command to wave through
         return False
     for word in words[1:]:
-        if set(word) & set("*?[~"):
+        if set(word) & set("*?[~{"):  # {a,b}: bash, where it is sh (macOS, Fedora), expands it to a and b
             return False  # a pattern may match a link that leads out; ~ is the home directory
         # Every word may name a path, an option too (`cat -- -d/../../x`), and so may what follows its = (--file=PATH).
         for path in (word, word.partition("=")[2]):

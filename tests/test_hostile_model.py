@@ -218,6 +218,9 @@ BASH_GATE = [
     ("cat *", "ask"),
     ("cat a.tx?", "ask"),
     ("cat [a].txt", "ask"),
+    ("cat {.env.local,a.txt}", "ask"),  # where sh is bash (macOS, Fedora, Arch), braces expand to paths
+    ("cat {/etc/hostname,a.txt}", "ask"),
+    ("ls .agents/{skills,x}", "ask"),
     ("cat link-out", "ask"),
     ("cat --files0-from=/etc/passwd", "ask"),
     ("cat 'unbalanced", "ask"),
