@@ -2061,14 +2061,20 @@ def link_out(path: Path, name: str) -> str | None:
     """Why a file the project holds is not read: its real path lies outside the project (a
     link to ~/.ssh/id_rsa, committed to a repository) and the person at the terminal did
     not say yes, since its text would go to the provider. None: it may be read. A link to
-    what is no regular file (/dev/zero) is not asked about: the reader refuses it anyway."""
+    what is no regular file (/dev/zero) is not asked about: the reader refuses it anyway.
+    After one no (or nobody to ask) the others are refused unasked: a repository of a
+    thousand such skills asks once, not a thousand times."""
     real = os.path.realpath(path)
     if inside(Path(real), PROJECT) or not os.path.isfile(real):
         return None
     wants = "read a file that is a link out of the project (its text would go to the provider)"
-    if approved(f"{name} -> {real}", wants, who="the project asks the agent"):
+    if not LINKS_REFUSED and approved(f"{name} -> {real}", wants, who="the project asks the agent"):
         return None
+    LINKS_REFUSED.append(real)
     return f"a link to {safe(real, 200)}, outside the project"
+
+
+LINKS_REFUSED: list[str] = []  # the links out of the project refused this run
 
 
 RULES_CAP = 32 * 1024  # bytes of one rules file: every request carries the system prompt
@@ -2141,6 +2147,7 @@ def find_skills(only: list[str] | None = None) -> dict[str, Skill]:
     only, just those names are looked for (a resumed session can call no other)."""
     found: dict[str, Skill] = {}
     roots: dict[str, Path] = {}
+    unasked = 0
     for root in [*SKILL_ROOTS, USER_SKILLS]:
         roots.setdefault(os.path.realpath(root), root)  # ~ may be the working directory: one root, looked at once
     for root in roots.values():
@@ -2155,15 +2162,22 @@ def find_skills(only: list[str] | None = None) -> dict[str, Skill]:
                 file=sys.stderr,
             )
         for directory in directories[:SKILL_DIRS_CAP]:
+            refused = len(LINKS_REFUSED)
             skill = read_skill(root / directory, root != USER_SKILLS)
             where = shown_path(root / directory)
-            if isinstance(skill, str):
+            if refused and len(LINKS_REFUSED) > refused:  # refused unasked, after a no: said once, below
+                unasked += 1
+            elif isinstance(skill, str):
                 print(f"warning: skipped skill {safe(where, 200)}: {skill}", file=sys.stderr)
             elif skill.name in found:
                 kept = shown_path(found[skill.name].path.parent)
                 print(f"warning: skill {skill.name!r} is in {kept} and {where}; {kept} is used", file=sys.stderr)
             else:
                 found[skill.name] = skill
+    if unasked:
+        print(
+            f"warning: {unasked:,} more skills link out of the project; after a no they are not read", file=sys.stderr
+        )
     return found
 
 

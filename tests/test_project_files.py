@@ -626,6 +626,32 @@ def test_a_project_file_that_links_out_of_the_project_is_read_only_after_a_yes(
         assert "skill" not in tool_names(provider.chat_requests[0])
 
 
+@pytest.mark.parametrize("answer", [None, "n"], ids=["no terminal", "no"])
+def test_a_thousand_skills_that_link_out_ask_once_and_warn_twice(
+    provider: FakeProvider, tmp_path: Path, answer: str | None
+) -> None:
+    """A repository whose skills all link out of it (to ~/.ssh, say): one question, and after a no,
+    or with nobody to ask, the others are refused unasked. The first is named; the rest counted."""
+    repo = repository(tmp_path / "repo")
+    outside = tmp_path / "elsewhere" / "SKILL.md"
+    outside.parent.mkdir()
+    outside.write_text(PRIVATE)
+    for number in range(1000):
+        link = repo / ".agents" / "skills" / f"leak-{number:04}" / "SKILL.md"
+        link.parent.mkdir(parents=True)
+        link.symlink_to(outside)
+    result = one_answer(provider, repo, HOME=str(tmp_path), **({"answers": f"{answer}\n"} if answer else {}))
+    if answer:
+        assert questions(result.terminal) == [f"{LINK_OUT}: .agents/skills/leak-0000/SKILL.md -> {outside}"]
+    else:
+        assert result.stderr.count(NO_ANSWER) == 1, result.stderr
+    assert warnings(result.stderr) == [
+        f"warning: skipped skill .agents/skills/leak-0000: its SKILL.md is a link to {outside}, outside the project",
+        "warning: 999 more skills link out of the project; after a no they are not read",
+    ]
+    assert b"PRIVATE-MARKER" not in bodies(provider)
+
+
 def test_links_inside_the_project_and_in_the_users_own_skills_are_followed_without_a_question(
     provider: FakeProvider, tmp_path: Path
 ) -> None:
