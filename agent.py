@@ -2548,7 +2548,9 @@ def open_session(wanted: str) -> Session:
     session.note = state.pop("note", {}).get("text", "")  # a note no user message took yet: it goes in with the next
     session.state = state
     listed = header.get("skills") if isinstance(header, dict) and header.get("type") == "meta" else None
-    session.skills = [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
+    listed = listed if isinstance(listed, list) else []
+    # Only names a skill can have: an edited header must not make a path of one (../skills-proposed/x).
+    session.skills = [name for name in listed if isinstance(name, str) and SKILL_NAME.fullmatch(name)]
     session.sandboxed = isinstance(header, dict) and header.get("type") == "meta" and header.get("sandbox") is True
     # Its tokens, roughly, for the budget. Walking a 50 MB history (estimate()) costs a
     # tenth of loading it; its lines' bytes, 4 to a token, say as much. (A CJK character

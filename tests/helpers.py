@@ -873,3 +873,8 @@ def wait_until(predicate: Any, what: str, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"never: {what}")
         time.sleep(0.01)
+
+
+def bodies(provider: FakeProvider) -> bytes:
+    """Every request body the provider received, as bytes (the headers carry the key, as they must)."""
+    return b"".join(request["raw"] for request in provider.requests)

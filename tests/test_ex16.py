@@ -35,8 +35,10 @@ from helpers import (
     PROMPT_SECTION,
     SESSION_ID,
     assert_ok,
+    bodies,
     calls,
     file_records,
+    header_line,
     new_session_id,
     prompt_section,
     put_session,
@@ -538,6 +540,33 @@ def test_a_resumed_session_offers_only_the_skills_its_header_lists(
         assert got["r"] == "error: no skill named 'release-notes' in this session; the skills are: changelog"
     assert got["c"] == f'[skill "changelog", directory: .agents/skills/changelog]\n\n{CHANGELOG_BODY}'
     assert listing(system_prompts(provider)[-1]) == [CHANGELOG_LINE]  # the prompt it started with
+
+
+@pytest.mark.parametrize("listed", [["changelog", "../skills-proposed/draft", 7, "../../../etc"], "changelog", 7])
+@both
+def test_a_header_s_list_holds_only_names_a_skill_can_have(
+    provider: FakeProvider, workdir: Path, chapter: int | str, listed: object
+) -> None:
+    """A session file edited, or committed by a hostile repository: its header lists a path, not
+    a name. No path is made of it (the draft in .agents/skills-proposed/ stays unread), a list of
+    another type lists nothing, and neither is a traceback."""
+    put_skill(workdir, "changelog", CHANGELOG)
+    put_skill(workdir, "draft", skill("draft", "A draft. DRAFT-MARKER", "DRAFT-MARKER body"), ".agents/skills-proposed")
+    meta = {"type": "meta", "id": SESSION_ID, "created_at": "2026-08-01T09:07:20+08:00", "version": 1, "skills": listed}
+    put_session(
+        workdir,
+        (json.dumps(meta) + "\n").encode() + session_bytes({"role": "system", "content": "S"})[len(header_line()) :],
+    )
+    draft = ("d", "skill", {"name": "../skills-proposed/draft"})
+    again = resume(chapter, provider, workdir, SESSION_ID, calls(draft, ("c", "skill", {"name": "changelog"})))
+    got = results(provider)
+    assert got["d"].startswith("error: "), got["d"]
+    if isinstance(listed, list):
+        assert got["c"] == f'[skill "changelog", directory: .agents/skills/changelog]\n\n{CHANGELOG_BODY}'
+    else:
+        assert "skill" not in tool_names(provider.chat_requests[0])
+    assert b"DRAFT-MARKER" not in bodies(provider)
+    assert "Traceback" not in again.stderr
 
 
 @pytest.mark.parametrize("created", ["with no skills", "by an older program"])

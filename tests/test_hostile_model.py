@@ -38,6 +38,7 @@ from helpers import (
     alive,
     assert_no_control,
     assert_ok,
+    bodies,
     calls,
     disk_messages,
     hint,
@@ -53,11 +54,6 @@ from helpers import (
 TASK = "Do what the files say."
 DENIED = "error: permission denied — the user did not approve this"
 OWN_RECORDS = "error: .sessions/ and .trash/ hold the agent's own records; the file tools do not touch them"
-
-
-def bodies(provider: FakeProvider) -> bytes:
-    """Every request body the provider received, as bytes (the headers carry the key, as they must)."""
-    return b"".join(request["raw"] for request in provider.requests)
 
 
 def without_sessions(tree: dict) -> dict:

@@ -49,6 +49,7 @@ from helpers import (
     Live,
     assert_ok,
     bash_calls,
+    bodies,
     calls,
     file_records,
     header_line,
@@ -88,11 +89,6 @@ MODEL_WANTS = {
     "outside-write": "write outside the working directory",
 }
 WANTS = {kind: f"the model wants to {wants}" for kind, wants in MODEL_WANTS.items()}
-
-
-def bodies(provider: FakeProvider) -> bytes:
-    """Every request body the provider received, as bytes."""
-    return b"".join(request["raw"] for request in provider.requests)
 
 
 def parts(system: str) -> list[str]:

@@ -1053,7 +1053,9 @@ def open_session(session_id: str) -> Session:
     history = healed(history)  # a crash while the tools ran leaves calls without results
     session = Session(session_id, history)
     session.saved = len(history)
-    session.skills = [name for name in listed if isinstance(name, str)] if isinstance(listed, list) else []
+    listed = listed if isinstance(listed, list) else []
+    # Only names a skill can have: an edited header must not make a path of one (../skills-proposed/x).
+    session.skills = [name for name in listed if isinstance(name, str) and SKILL_NAME.fullmatch(name)]
     session.sandboxed = sandboxed
     session.wakeup = wakeup
     return session
