@@ -2176,7 +2176,7 @@ def find_skills(only: list[str] | None = None) -> dict[str, Skill]:
                 found[skill.name] = skill
     if unasked:
         print(
-            f"warning: {unasked:,} more skills link out of the project; after a no they are not read", file=sys.stderr
+            f"warning: {unasked:,} more skill(s) link out of the project; after a no they are not read", file=sys.stderr
         )
     return found
 

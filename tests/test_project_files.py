@@ -643,7 +643,7 @@ def test_a_thousand_skills_that_link_out_ask_once_and_warn_twice(
         assert result.stderr.count(NO_ANSWER) == 1, result.stderr
     assert warnings(result.stderr) == [
         f"warning: skipped skill .agents/skills/leak-0000: its SKILL.md is a link to {outside}, outside the project",
-        "warning: 999 more skills link out of the project; after a no they are not read",
+        "warning: 999 more skill(s) link out of the project; after a no they are not read",
     ]
     assert b"PRIVATE-MARKER" not in bodies(provider)
 

@@ -491,14 +491,15 @@ def find_skills() -> dict[str, Skill]:
     return found
 
 
-def read_skill(directory: Path) -> Skill | str:
-    """The skill a directory of .agents/skills/ holds, or why it holds none."""
+def read_skill(directory: Path, loading: bool = False) -> Skill | str:
+    """The skill a directory of .agents/skills/ holds, or why it holds none. A body cut at
+    its cap is said when it is loaded: at the start only its front matter matters."""
     path = directory / "SKILL.md"
     if WORKDIR not in Path(os.path.realpath(path)).parents:  # a link out: its text would go to the provider
         return "it is a link to somewhere outside the working directory"
     if not path.is_file():  # a FIFO or /dev/zero is never read
-        return "it has no SKILL.md file"
-    fields, body = front_matter(project_file(path, SKILL_CAP)) or ({}, "")
+        return "its SKILL.md is not a regular file" if path.exists() else "it has no SKILL.md file"
+    fields, body = front_matter(project_file(path, SKILL_CAP, warn=loading)) or ({}, "")
     name, description = fields.get("name", ""), fields.get("description", "")
     if not fields:
         return "SKILL.md does not start with a front matter between two --- lines"
@@ -584,7 +585,7 @@ def load_skill(args: dict, listed: list[str]) -> str:
     (scripts/, references/) are. Only a skill the session's prompt lists."""
     if args["name"] not in listed:
         return f"error: no skill named {args['name']!r} in this session; the skills are: {', '.join(listed)}"
-    skill = read_skill(SKILLS / args["name"])
+    skill = read_skill(SKILLS / args["name"], loading=True)
     if isinstance(skill, str):
         return f"error: the skill {args['name']!r} was removed or changed since this session started: {skill}"
     result = f'[skill "{skill.name}", directory: {(SKILLS / skill.name).relative_to(WORKDIR)}]\n\n{skill.body}'
@@ -626,7 +627,7 @@ new session (not a resumed one) has them in its system prompt, below.
   be out of date: check that an entry still holds before you rely on it."""
 
 
-def project_file(path: Path, cap: int) -> str:
+def project_file(path: Path, cap: int, warn: bool = True) -> str:
     """A text file of the project's, for the prompt: at most cap bytes of it, cut with a
     marker the model sees; "" if it is missing. Only a regular file is read: opening a
     FIFO would wait for a writer, and /dev/zero never ends. Decoded with replacement,
@@ -644,7 +645,8 @@ def project_file(path: Path, cap: int) -> str:
         data = file.read(cap + 1)
     text = data[:cap].decode("utf-8-sig", errors="replace").strip()
     if len(data) > cap:
-        print(f"warning: {name} is longer than {cap:,} bytes; only the first {cap:,} are used", file=sys.stderr)
+        if warn:
+            print(f"warning: {name} is longer than {cap:,} bytes; only the first {cap:,} are used", file=sys.stderr)
         text += f"\n[... {name} was cut here: it is longer than {cap:,} bytes ...]"
     return text
 
