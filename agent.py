@@ -1443,7 +1443,8 @@ class Registry:
             result = tool.run(args, call_id) if tool.takes_call else tool.run(args)
         # ValueError: a NUL byte or a lone surrogate in the arguments; RuntimeError: a symlink loop (Python < 3.13)
         except (OSError, ValueError, RuntimeError) as error:
-            return f"error: {name} failed on {args.get('path', '')}: {getattr(error, 'strerror', None) or error}"
+            where = f" on {args['path']}" if "path" in args else ""  # bash has a command, not a path
+            return f"error: {name} failed{where}: {getattr(error, 'strerror', None) or error}"
         if path and not result.startswith("error:"):
             self.known_files[path] = fingerprint(path) if tool.changes_files else seen  # what the model has now seen
             if tool.changes_files and path == Path(os.path.realpath(MEMORY)):  # it steers every new session: say so

@@ -245,6 +245,13 @@ def test_the_bash_gate_is_silent_only_for_what_stays_inside(loaded, tmp_path: Pa
     assert got == BASH_GATE
 
 
+def test_a_nul_in_a_command_is_an_error_that_names_no_empty_path(provider: FakeProvider, workdir: Path) -> None:
+    raw = '{"command": "echo a\\u0000b"}'  # JSON allows it; no process can take it
+    provider.script(tool_call("bash", raw, call_id="nul"), text("Done."))
+    assert_ok(run_agent("final", TASK, provider=provider, cwd=workdir), stdout="Done.\n")
+    assert results(provider)["nul"] == "error: bash failed: embedded null byte"
+
+
 def test_bash_asks_for_paths_outside_and_git_end_to_end(provider: FakeProvider, tmp_path: Path, workdir: Path) -> None:
     """A sample of the table, run for real with no terminal (and y piped into stdin): what stays
     inside runs silently, the rest is refused, and nothing it would have printed reaches the model."""
