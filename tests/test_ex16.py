@@ -320,6 +320,26 @@ PUBLISHED = {
         "---\n\nKeep the keys sorted.\n",
         'Formats "quoted" config values,\ttabs, caf\u00e9 and back\\slashes',
     ),
+    "color-output": (  # escapes YAML has and JSON has not
+        "---\n"
+        "name: color-output\n"
+        'description: "Strips \\e[0m colour codes, keeps \\x41\\u00e9 and a no-break\\_space"\n'
+        "---\n\nUse scripts/strip.py.\n",
+        "Strips \x1b[0m colour codes, keeps A\u00e9 and a no-break\xa0space",
+    ),
+    "table-format": (  # a folded block keeps the line breaks around its more indented lines
+        "---\n"
+        "name: table-format\n"
+        "description: >\n"
+        "  Formats Markdown tables. Use it on a table like\n"
+        "\n"
+        "    | a | b |\n"
+        "    | 1 | 2 |\n"
+        "\n"
+        "  when its columns do not line up.\n"
+        "---\n\nAlign the pipes.\n",
+        "Formats Markdown tables. Use it on a table like\n\n  | a | b |\n  | 1 | 2 |\n\nwhen its columns do not line up.\n",
+    ),
     "api-docs": (
         "---\n"
         "name: api-docs\n"

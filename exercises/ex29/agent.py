@@ -1615,6 +1615,12 @@ def front_matter(text: str) -> tuple[dict[str, str], str] | None:
     return fields, "\n".join(lines[end + 1 :]).strip()
 
 
+# YAML's escapes in double quotes (yaml.org/spec/1.2.2, 5.7): JSON's, and \0 \a \v \e \N \_ \L \P \xXX \UXXXXXXXX.
+# Each letter after the backslash, and the character it stands for, at the same place:
+ESCAPES = dict(zip('0abt\tnvfre "/\\N_LP', '\0\a\b\t\t\n\v\f\r\x1b "/\\\x85\xa0\u2028\u2029', strict=True))
+ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)", re.DOTALL)
+
+
 def scalar(first: str, more: list[str]) -> str:
     """A YAML scalar's value, from the text after its key and the lines that continue it:
     a literal block (|) keeps its line breaks, a folded one (>) joins its lines with
@@ -1631,17 +1637,24 @@ def scalar(first: str, more: list[str]) -> str:
     if quoted := re.fullmatch(r"'((?:[^']|'')*)'\s*(#.*)?", text, re.DOTALL):  # a comment may follow the quotes
         return quoted[1].replace("''", "'")
     if quoted := re.fullmatch(r'"((?:[^"\\]|\\.)*)"\s*(#.*)?', text, re.DOTALL):
-        with contextlib.suppress(ValueError):
-            return json.loads(f'"{quoted[1]}"')  # YAML's escapes in double quotes include JSON's
+        with contextlib.suppress(KeyError, ValueError):  # an escape YAML has not, or no character: as written
+            text = ESCAPE.sub(lambda m: chr(int(m[1][1:], 16)) if len(m[1]) > 1 else ESCAPES[m[1]], quoted[1])
+            return text.encode("utf-16", "surrogatepass").decode("utf-16")  # \ud83d\ude00 is one character
         return quoted[1]
     return re.sub(r"\s+#.*", "", text)
 
 
 def fold(lines: list[str]) -> str:
-    """Lines folded as YAML folds them: joined by a space, an empty line kept as a line break."""
-    text = ""
+    """Lines folded as YAML folds them: joined by a space, an empty line kept as a line
+    break; a more indented line (in a block) keeps its line breaks, the empty lines' too."""
+    text, previous, empty = "", "", 0
     for line in lines:
-        text += "\n" if not line else f" {line}" if text and not text.endswith("\n") else line
+        if not line:
+            empty += 1
+            continue
+        spaced = line[0] in " \t" or previous[:1] in (" ", "\t")
+        text += ("\n" * (empty + spaced) or " ") if previous else "\n" * empty
+        text, previous, empty = text + line, line, 0
     return text
 
 
