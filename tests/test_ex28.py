@@ -463,9 +463,12 @@ def test_input_a_task_does_not_read_is_refused_once_the_write_timeout_passes_not
 def test_a_ninth_task_is_refused_and_a_one_shot_run_names_what_it_stopped_last(
     provider: FakeProvider, workdir: Path, chapter: int | str
 ) -> None:
-    provider.script(calls(*[bg(f"c{n}", "cat", "interactive") for n in range(1, 10)]), text("Eight run."))
-    result = run_agent(chapter, "Start nine cats.", provider=provider, cwd=workdir)
+    # The ninth would ask (sleep is no allowed command): refused before the question, which no yes could make good.
+    nine = [bg(f"c{n}", "cat", "interactive") for n in range(1, 9)] + [bg("c9", "sleep 30", "interactive")]
+    provider.script(calls(*nine), text("Eight run."))
+    result = run_agent(chapter, "Start nine tasks.", provider=provider, cwd=workdir)
     assert result.returncode == 0 and result.stdout == "Eight run.\n", result.stderr
+    assert "no answer from a terminal" not in result.stderr, result.stderr
     found = results(provider)
     for n in range(1, 9):
         assert found[f"c{n}"].startswith(f"backgrounded: id=bg_{n}, mode interactive."), found[f"c{n}"]

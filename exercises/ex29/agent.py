@@ -527,6 +527,8 @@ def bash(args: dict) -> str:
         verdict = "ask"  # even a read: no command near what a person keeps runs without one knowing
     if verdict == "deny":
         return "error: permission denied — the command matches a deny rule; it was not run"
+    if background and (refusal := TASKS.full()):  # before the question: a yes could not start it
+        return refusal
     if verdict == "ask" and not approved(args["command"], f"run in the background ({mode})" if background else "run"):
         return "error: permission denied — the user did not approve this command"
     if background:  # past the same gate, through the same door (shell()): caged under -sandbox too
@@ -724,16 +726,22 @@ class Tasks:
             self.adopting = True
             threading.Thread(target=reap_orphans, daemon=True).start()
 
+    def full(self) -> str | None:
+        """Why no task may start now (MAX_TASKS of them run); None if one may."""
+        running = [task.id for task in self.tasks.values() if not task.done.is_set()]
+        if len(running) >= MAX_TASKS:
+            return (
+                f"error: {len(running)} background tasks run already ({', '.join(running)}), the most there may be; "
+                "wait for one to end, or stop one with terminal_kill"
+            )
+        return None
+
     def start(self, command: str, mode: str) -> str:
         with self.lock:
-            running = [task.id for task in self.tasks.values() if not task.done.is_set()]
             if self.ending:
                 return "error: the agent is ending; no task starts now"
-            if len(running) >= MAX_TASKS:
-                return (
-                    f"error: {len(running)} background tasks run already ({', '.join(running)}), the most there may be; "
-                    "wait for one to end, or stop one with terminal_kill"
-                )
+            if refusal := self.full():
+                return refusal
             try:
                 task = Task(self.last + 1, command, mode)
             except OSError as error:
