@@ -4984,6 +4984,13 @@ class Browser:
                     time.sleep(0.05)
             process.wait()
         if profile:
+            # A browser killed before it could clean up leaves the directory of its singleton socket in
+            # TMPDIR, outside the profile; the profile's SingletonSocket link says which one it is.
+            with contextlib.suppress(OSError):
+                made = Path(os.readlink(profile / "SingletonSocket")).parent
+                in_tmp = os.path.realpath(made.parent) == os.path.realpath(tempfile.gettempdir())
+                if in_tmp and "org.chromium.Chromium." in made.name:
+                    shutil.rmtree(made)
             shutil.rmtree(profile, ignore_errors=True)
 
 

@@ -327,6 +327,29 @@ def test_a_process_the_browser_leaves_in_its_group_ends_with_it(provider, workdi
         kill_quietly(child)
 
 
+@each
+def test_a_browser_that_cannot_answer_its_close_is_killed_and_leaves_nothing_in_tmpdir(
+    provider, workdir, short_tmp, chapter
+) -> None:
+    """Stopped (SIGSTOP), the browser answers no Browser.close: the agent kills its group, and
+    Chromium, killed, cannot remove the directory of its singleton socket, which it made in
+    TMPDIR, outside the profile. The agent removes it (a slow browser at a SIGHUP left it)."""
+    provider.script(calls(("b1", "browser", {"action": "observe"})), text("done"))
+    terminal = Resident(chapter, provider=provider, cwd=workdir, TMPDIR=str(short_tmp))
+    try:
+        terminal.wait_prompt(1)
+        terminal.line("Look")
+        terminal.wait_prompt(2)
+        pid, profile = started(terminal.text)
+        assert [entry.name for entry in short_tmp.iterdir() if "org.chromium.Chromium." in entry.name], "no socket dir"
+        os.kill(pid, signal.SIGSTOP)
+        terminal.line("/exit")
+        assert terminal.wait_exit() == 0, terminal.text[-2000:]
+        assert_gone(pid, profile, short_tmp)
+    finally:
+        terminal.close()
+
+
 WAYS_OUT = ["/exit", "ctrl-d", "one-shot", "one-shot failing", "sigterm", "sighup", "ctrl-c at the prompt"]
 
 
