@@ -4737,7 +4737,11 @@ class Browser:
             *(["--no-sandbox"] if os.geteuid() == 0 else []),  # Chromium's own sandbox refuses to run as root
             "about:blank",
         ]
-        environment = {key: os.environ[key] for key in PASSED_ON if key in os.environ} | {"HOME": str(self.profile)}
+        # Its temporary files go into the profile, and with it, even when it is killed before it can remove
+        # them (its singleton socket's directory; shared memory, with /dev/shm unused): TMPDIR is ".", its
+        # working directory. Relative, the socket's address fits its 108 bytes however deep the profile is.
+        environment = {key: os.environ[key] for key in PASSED_ON if key in os.environ}
+        environment |= {"HOME": str(self.profile), "TMPDIR": "."}
         with stop_signals_held(), signals_unblocked():  # no pid lost to a signal; its TERM not blocked
             self.process = subprocess.Popen(
                 [binary, *flags], cwd=self.profile, env=environment, start_new_session=True,
@@ -4956,9 +4960,9 @@ class Browser:
         time.sleep(seconds)
 
     def close(self) -> None:
-        """Close our tab, or the browser we started: asked first (it then removes what it keeps
-        outside its profile), then made sure of, its whole process group; and remove its profile.
-        Every way out calls this; a second call finds nothing to do."""
+        """Close our tab, or the browser we started: asked first, then made sure of, its whole process
+        group; and remove its profile, temporary files and all. Every way out calls this; a second call
+        finds nothing to do."""
         cdp, process, profile = self.cdp, self.process, self.profile
         self.cdp = self.process = self.profile = None
         if cdp:  # sent and waited for here: at a stop, call() would not wait
@@ -4984,13 +4988,6 @@ class Browser:
                     time.sleep(0.05)
             process.wait()
         if profile:
-            # A browser killed before it could clean up leaves the directory of its singleton socket in
-            # TMPDIR, outside the profile; the profile's SingletonSocket link says which one it is.
-            with contextlib.suppress(OSError):
-                made = Path(os.readlink(profile / "SingletonSocket")).parent
-                in_tmp = os.path.realpath(made.parent) == os.path.realpath(tempfile.gettempdir())
-                if in_tmp and "org.chromium.Chromium." in made.name:
-                    shutil.rmtree(made)
             shutil.rmtree(profile, ignore_errors=True)
 
 

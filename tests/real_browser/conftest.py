@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,12 +74,13 @@ def other_pages() -> Iterator[Pages]:
 
 
 @pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A TMPDIR of the program's own, empty, with a short path: Chromium aborts at start when the
-    path of the socket it makes there would pass the 108 bytes a socket's address can hold."""
-    made = Path(tempfile.mkdtemp(prefix="browser-tmp-", dir="/tmp"))
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
+def deep_tmp(tmp_path: Path) -> Path:
+    """A TMPDIR of the program's own, empty, and deep: a socket made there would have an address
+    longer than the 108 bytes one can hold, and Chromium aborts at start unless the program gives
+    it the profile, by a relative path, for its temporary files."""
+    made = tmp_path / ("tmp-" + "d" * 100)
+    made.mkdir()
+    return made
 
 
 def started(shown: str) -> tuple[int, Path]:

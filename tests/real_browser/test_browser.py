@@ -59,7 +59,7 @@ def page(result: str) -> tuple[str, list[str], str]:
 
 def assert_gone(pid: int, profile: Path, temporary: Path | None = None) -> None:
     """The browser, every process of its group and its profile: gone. Nothing of it is left in the
-    temporary directory it was given either (Chromium puts its singleton socket there)."""
+    temporary directory it was given either (Chromium makes its temporary files in TMPDIR)."""
     assert wait_dead(pid, 15), f"the browser {pid} outlived the agent"
     assert group(pid) == [], f"processes of the browser's group outlived the agent: {group(pid)}"
     assert not profile.exists(), f"the profile {profile} is still there"
@@ -329,23 +329,24 @@ def test_a_process_the_browser_leaves_in_its_group_ends_with_it(provider, workdi
 
 @each
 def test_a_browser_that_cannot_answer_its_close_is_killed_and_leaves_nothing_in_tmpdir(
-    provider, workdir, short_tmp, chapter
+    provider, workdir, deep_tmp, chapter
 ) -> None:
     """Stopped (SIGSTOP), the browser answers no Browser.close: the agent kills its group, and
-    Chromium, killed, cannot remove the directory of its singleton socket, which it made in
-    TMPDIR, outside the profile. The agent removes it (a slow browser at a SIGHUP left it)."""
+    Chromium, killed, removes none of its temporary files (a slow browser at a SIGHUP left one
+    in TMPDIR). They were made in its profile, so they go with it."""
     provider.script(calls(("b1", "browser", {"action": "observe"})), text("done"))
-    terminal = Resident(chapter, provider=provider, cwd=workdir, TMPDIR=str(short_tmp))
+    terminal = Resident(chapter, provider=provider, cwd=workdir, TMPDIR=str(deep_tmp))
     try:
         terminal.wait_prompt(1)
         terminal.line("Look")
         terminal.wait_prompt(2)
         pid, profile = started(terminal.text)
-        assert [entry.name for entry in short_tmp.iterdir() if "org.chromium.Chromium." in entry.name], "no socket dir"
+        assert [entry.name for entry in deep_tmp.iterdir()] == [profile.name]
+        assert os.readlink(profile / "SingletonSocket").startswith("org.chromium.Chromium."), "its socket not in it"
         os.kill(pid, signal.SIGSTOP)
         terminal.line("/exit")
         assert terminal.wait_exit() == 0, terminal.text[-2000:]
-        assert_gone(pid, profile, short_tmp)
+        assert_gone(pid, profile, deep_tmp)
     finally:
         terminal.close()
 
@@ -356,10 +357,10 @@ WAYS_OUT = ["/exit", "ctrl-d", "one-shot", "one-shot failing", "sigterm", "sighu
 @each
 @pytest.mark.parametrize("way", WAYS_OUT)
 def test_the_browser_its_group_and_its_profile_are_gone_after_every_way_out(
-    provider, workdir, short_tmp, chapter, way
+    provider, workdir, deep_tmp, chapter, way
 ) -> None:
     look = calls(("b1", "browser", {"action": "observe"}))
-    temporary = short_tmp
+    temporary = deep_tmp
     if way.startswith("one-shot"):
         provider.script(look, text("done") if way == "one-shot" else error(500, "the provider broke"))
         done = run_agent(chapter, "Look", provider=provider, cwd=workdir, TMPDIR=str(temporary))
