@@ -6067,7 +6067,7 @@ def rounds(client: openai.OpenAI, session: Session, window: int, used: int | Non
             if SPENT.total:
                 say(f"[subagents: {SPENT.total:,} tokens in this run, beside this conversation's]")
             say(
-                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"\n[{round_number} {'round' if round_number == 1 else 'rounds'} · last round input {prompt_tokens} tokens ({cached} cached) · "
                 f"finish_reason={finish_reason}]"
             )
             return None

@@ -190,9 +190,9 @@ def status_line(prompt: int = 11, completion: int = 7, finish: str = "stop", key
     return f"[input {prompt} tokens · output {completion} tokens · {key}={finish}]"
 
 
-SUMMARY = re.compile(r"^\[(\d+) rounds · last round input (\S+) tokens · finish_reason=(\w+)\]$")
+SUMMARY = re.compile(r"^\[(\d+) (rounds?) · last round input (\S+) tokens · finish_reason=(\w+)\]$")
 SUMMARY_CACHED = re.compile(
-    r"^\[(\d+) rounds · last round input (\S+) tokens \((\S+) cached\) · finish_reason=(\w+)\]$"
+    r"^\[(\d+) (rounds?) · last round input (\S+) tokens \((\S+) cached\) · finish_reason=(\w+)\]$"
 )
 ROUND_USAGE = re.compile(r"^\[round (\d+) input (\S+) tokens, (\S+) cached\]$", re.MULTILINE)
 
@@ -209,14 +209,13 @@ def summary(chapter: int | str, stderr: str) -> Summary:
     lines = stderr.splitlines()
     assert len(lines) >= 2, stderr
     assert lines[-2] == "", f"no blank line before the summary:\n{stderr}"
-    if since(chapter, 8):
-        match = SUMMARY_CACHED.match(lines[-1])
-        assert match, stderr
-        return Summary(*match.groups())
-    match = SUMMARY.match(lines[-1])
+    match = (SUMMARY_CACHED if since(chapter, 8) else SUMMARY).match(lines[-1])
     assert match, stderr
-    rounds, tokens, finish = match.groups()
-    return Summary(rounds, tokens, None, finish)
+    rounds, word, *figures = match.groups()
+    assert word == ("round" if rounds == "1" else "rounds"), f"a count of {rounds} reads {word}: {lines[-1]}"
+    if not since(chapter, 8):
+        figures.insert(1, None)  # no cached count before chapter 8
+    return Summary(rounds, *figures)
 
 
 def has_summary(stderr: str) -> bool:

@@ -48,6 +48,15 @@ def run(
 
 
 @both
+def test_a_single_round_reads_singular(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
+    """An answer with no tool call is one round: the summary says "1 round", not "1 rounds"."""
+    result = run(chapter, provider, workdir, text("Nothing to read.", prompt_tokens=42))
+    assert_ok(result)
+    assert result.stderr.splitlines()[-1].startswith("[1 round · last round input 42 tokens")
+    assert summary(chapter, result.stderr).rounds == "1"
+
+
+@both
 def test_one_tool_round_then_an_answer(provider: FakeProvider, workdir: Path, chapter: int | str) -> None:
     (workdir / "notes.txt").write_text("buy milk\nwater the plants\n", encoding="utf-8")
     call_id = "call_00_JQSxFX1xOHGH6ajdpN88RMXO"

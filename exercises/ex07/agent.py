@@ -388,7 +388,7 @@ def main() -> None:
         history.append(message)  # the assistant message goes before its tool results
         if "tool_calls" not in message:
             print(
-                f"\n[{round_number} rounds · last round input {usage.prompt_tokens if usage else '?'} tokens · "
+                f"\n[{round_number} {'round' if round_number == 1 else 'rounds'} · last round input {usage.prompt_tokens if usage else '?'} tokens · "
                 f"finish_reason={finish_reason}]",
                 file=sys.stderr,
             )

@@ -528,7 +528,7 @@ def main() -> None:
         prompt_tokens, cached = usage.prompt_tokens if usage else "?", cached_tokens(usage)
         if "tool_calls" not in message:
             print(
-                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"\n[{round_number} {'round' if round_number == 1 else 'rounds'} · last round input {prompt_tokens} tokens ({cached} cached) · "
                 f"finish_reason={finish_reason}]",
                 file=sys.stderr,
             )

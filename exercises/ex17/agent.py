@@ -1092,7 +1092,7 @@ def main() -> None:
         if "tool_calls" not in message:
             session.save()
             print(
-                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"\n[{round_number} {'round' if round_number == 1 else 'rounds'} · last round input {prompt_tokens} tokens ({cached} cached) · "
                 f"finish_reason={finish_reason}]\n{hint}",
                 file=sys.stderr,
             )

@@ -3550,7 +3550,7 @@ def rounds(client: openai.OpenAI, session: Session, window: int) -> None:
         if "tool_calls" not in message:
             session.save()
             print(
-                f"\n[{round_number} rounds · last round input {prompt_tokens} tokens ({cached} cached) · "
+                f"\n[{round_number} {'round' if round_number == 1 else 'rounds'} · last round input {prompt_tokens} tokens ({cached} cached) · "
                 f"finish_reason={finish_reason}]",
                 file=sys.stderr,
             )
