@@ -189,3 +189,30 @@ def test_the_production_guide_quotes_agent_py_word_for_word() -> None:
                 line = guide[: block.start()].count("\n") + 1
                 stale.append(f"line {line}: {piece.splitlines()[0]}")
     assert not stale, "excerpts of the guide that agent.py no longer holds:\n" + "\n".join(stale)
+
+
+# A row of the README's table of tools: | `name` | what it does | when it is offered |
+TOOL_ROW = re.compile(r"^\| `([a-z_]+)` \| ([^|]+) \| ([^|]+) \|$", re.MULTILINE)
+
+
+def test_the_readme_lists_every_tool_a_request_offers(provider, workdir) -> None:
+    """Every tool the model can call is in README.md's table, with what it does: a conversation with
+    a search key and a skill is offered them all (MCP's are made at run time, one row for them)."""
+    from resident import Resident  # a pseudo-terminal: the conversation's tools come with one
+
+    skill = workdir / ".agents" / "skills" / "notes"
+    skill.mkdir(parents=True)
+    (skill / "SKILL.md").write_text("---\nname: notes\ndescription: Take notes.\n---\nWrite them down.\n")
+    provider.script(text("Hello."))
+    terminal = Resident("final", provider=provider, cwd=workdir, BRAVE_SEARCH_API_KEY="brave-key-not-real")
+    try:
+        terminal.wait_prompt(1)
+        terminal.line("hi")
+        terminal.wait_prompt(2)
+        assert terminal.interrupt_to_exit() == 130
+    finally:
+        terminal.close()
+    offered = [tool["function"]["name"] for tool in provider.chat_requests[0]["tools"]]
+    rows = {name: does for name, does, _ in TOOL_ROW.findall((ROOT / "README.md").read_text(encoding="utf-8"))}
+    assert sorted(rows) == sorted(offered)
+    assert all(len(does.split()) >= 4 for does in rows.values()), rows  # what it does, in words
