@@ -4200,7 +4200,8 @@ def ended(pid: int) -> bool:
 
 def start_servers(tools: Registry, timeout: float, conversation: bool) -> None:
     """Start the servers of .mcp.json that a person allows, or allowed before, and register their
-    tools, leaving room for the tools offer_tools() registers after them (more in a conversation)."""
+    tools, leaving room for the tools offer_tools() registers after them (more in a conversation).
+    The servers share that room fairly (fair_shares()), so all are listed before any registers."""
     try:
         raw = read_regular(MCP_CONFIG, cap := 1024 * 1024)
     except FileNotFoundError:
@@ -4218,6 +4219,8 @@ def start_servers(tools: Registry, timeout: float, conversation: bool) -> None:
             'warning: .mcp.json is not {"mcpServers": {"name": {...}}} (at most 1 MiB); no MCP server is started'
         )
     allowed = allowed_before()
+    room = max(0, MAX_TOOLS - len(tools.tools) - len(later_tools(conversation)))  # theirs come after
+    started = []
     for name, entry in sorted(entries.items()):
         shown = safe(repr(name), 60)
         args = entry.get("args", []) if isinstance(entry, dict) else None
@@ -4237,7 +4240,34 @@ def start_servers(tools: Registry, timeout: float, conversation: bool) -> None:
                 line = safe(command_line(command, env), 300)
                 say(f"[MCP server {shown}: allowed in an earlier run ({APPROVALS}); starting {line}]")
             env = {key: value for key, value in env.items() if not holds_key(value)}  # never a key
-            connect(name, command, env, tools, timeout, conversation)
+            if connected := connect(name, command, env, room):
+                started.append(connected)
+    shares = fair_shares([len(listed) for _server, _version, listed, _more in started], room)
+    for (server, version, listed, more), share in zip(started, shares, strict=True):
+        shown = safe(repr(server.name), 60)
+        if len(listed) > share:  # said server by server: its tools are missing from every request
+            over = "more than " if more else ""
+            say(
+                f"warning: MCP server {shown} lists {over}{len(listed)} tools; {over}{len(listed) - share} of them"
+                f" are left out, only the first {share} fit in its share of a request"
+            )
+        before = len(tools.tools)
+        for tool in listed[:share]:
+            register_mcp_tool(tools, server, tool, timeout)
+        declarations = estimate(tools.definitions()[before:])  # every request carries them
+        say(f"[MCP server {shown}: protocol {version}, {share} tools, ~{declarations:,} tokens in every request]")
+
+
+def fair_shares(wants: list[int], room: int) -> list[int]:
+    """How many tools each server gets of the room: max-min fair. The smallest wants come first
+    and each gets all it wants, up to an equal part of what is left, so a server with few tools
+    gets them all and the big ones split the rest (at most one apart), whatever the order."""
+    shares = [0] * len(wants)
+    smallest_first = sorted(range(len(wants)), key=lambda server: wants[server])
+    for served, server in enumerate(smallest_first):
+        shares[server] = min(wants[server], room // (len(wants) - served))
+        room -= shares[server]
+    return shares
 
 
 def approval_key(name: str, entry: dict, command: list[str]) -> str:
@@ -4295,11 +4325,11 @@ def ask_to_start(name: str, command: list[str], env: dict[str, str], key: str) -
 
 
 def connect(
-    name: str, command: list[str], env: dict[str, str], tools: Registry, timeout: float, conversation: bool = False
-) -> None:
-    """Start one server, shake hands, list its tools (every page, within HANDSHAKE_TIMEOUT
-    in all) and register them, in the room the tools after them leave (later_tools()); a
-    server that fails is stopped and skipped with a warning."""
+    name: str, command: list[str], env: dict[str, str], room: int
+) -> tuple[MCPServer, str, list[dict], bool] | None:
+    """Start one server, shake hands and list its tools (every page, within HANDSHAKE_TIMEOUT
+    in all, until more than the servers' whole room came: no share is larger). The server, its
+    protocol version, its tools and whether it has more; None if it fails, stopped with a warning."""
     shown = safe(repr(name), 60)
     try:
         server = MCPServer(name, command, env)
@@ -4318,7 +4348,6 @@ def connect(
                 f"it speaks protocol {safe(repr(version), 40)}; this client speaks {', '.join(MCP_VERSIONS)}"
             )
         server.notify("notifications/initialized")
-        room = max(0, MAX_TOOLS - len(tools.tools) - len(later_tools(conversation)))  # theirs come after
         listed, cursor = [], None
         while True:  # the list may come in pages, until more than fit: the rest would be dropped anyway
             page = server.request("tools/list", {"cursor": cursor} if cursor else {}, deadline - time.monotonic())
@@ -4329,15 +4358,7 @@ def connect(
     except MCPError as error:
         say(f"warning: MCP server {shown} failed its handshake: {error}")
         return stop_servers([server])
-    if len(listed) > room:
-        more = "more than " if cursor else ""
-        say(f"warning: MCP server {shown} lists {more}{len(listed)} tools; only the first {room} fit in a request")
-        listed = listed[:room]
-    before = len(tools.tools)
-    for tool in listed:
-        register_mcp_tool(tools, server, tool, timeout)
-    declarations = estimate(tools.definitions()[before:])  # every request carries them
-    say(f"[MCP server {shown}: protocol {version}, {len(listed)} tools, ~{declarations:,} tokens in every request]")
+    return server, version, listed, bool(cursor)
 
 
 def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: float) -> None:

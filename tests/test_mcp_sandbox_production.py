@@ -21,7 +21,9 @@ MCP
 - a hostile server: its stderr is relayed as `[mcp NAME] line`, escaped and cut at
   500 characters, its last line too; megabytes without a newline, or a flood while a
   question is up, keep memory bounded; more tools than fit are cut to fit 128 in a
-  request, with a warning; a description over 2,048 characters is cut; a schema that
+  request, the servers sharing the room fairly (a server of few tools, after one of 200
+  or one that pages forever, has all of them offered), with a warning naming each server
+  that lost tools and how many; a description over 2,048 characters is cut; a schema that
   is no object, of a type other than "object" or over 32 KiB is replaced by an empty
   one with a warning; names are made unique with _2, _3 and are at most 64
   characters; endless tools/list pages are stopped by Ctrl-C (the 30 s bound has no
@@ -612,13 +614,45 @@ def test_more_tools_than_fit_are_cut_to_128_in_a_request_with_a_warning(
     assert len(names) == (128 if skill else 127) and len(set(names)) == len(names)
     # Before the servers' tools: the file tools, bash, grep, glob and web_fetch (7). After them: the
     # skill tool, sub_agent, workflow, the three terminal tools and the browser; in a conversation,
-    # schedule_wakeup and the goal's three too. What is left is b's.
-    fit = 128 - 7 - 100 - (11 if conversation else 7)
-    assert [n for n in names if n.startswith("mcp__")] == [f"mcp__a__t{n:03d}" for n in range(100)] + [
-        f"mcp__b__u{n:03d}" for n in range(fit)
+    # schedule_wakeup and the goal's three too. What is left is the servers': c's one tool, and
+    # a and b split the rest, a the smaller half.
+    room = 128 - 7 - (11 if conversation else 7)
+    fit_a, fit_b = (room - 1) // 2, (room - 1) - (room - 1) // 2
+    assert [n for n in names if n.startswith("mcp__")] == [f"mcp__a__t{n:03d}" for n in range(fit_a)] + [
+        f"mcp__b__u{n:03d}" for n in range(fit_b)
+    ] + ["mcp__c__late"]
+    assert warnings(result.stderr) == [
+        f"warning: MCP server 'a' lists 100 tools; {100 - fit_a} of them are left out, "
+        f"only the first {fit_a} fit in its share of a request",
+        f"warning: MCP server 'b' lists 100 tools; {100 - fit_b} of them are left out, "
+        f"only the first {fit_b} fit in its share of a request",
     ]
-    assert f"warning: MCP server 'b' lists 100 tools; only the first {fit} fit in a request" in warnings(result.stderr)
-    assert "warning: MCP server 'c' lists 1 tools; only the first 0 fit in a request" in warnings(result.stderr)
+
+
+@pytest.mark.parametrize("pages_forever", [False, True], ids=["200 tools", "pages forever"])
+def test_a_server_with_many_tools_leaves_a_small_one_all_of_its_own(
+    provider: FakeProvider, workdir: Path, server: Callable[..., Server], pages_forever: bool
+) -> None:
+    """The first server in .mcp.json lists 200 tools, or pages forever (100 new tools a page), the
+    second three: the three are offered, the first gets the rest of the room, and the warning
+    names it and how many of its tools are left out."""
+    big = server("a", endless=100) if pages_forever else server("a", tools=[tool(f"t{n:03d}") for n in range(200)])
+    small = server("b", tools=[tool("one"), tool("two"), tool("three")])
+    put_config(workdir, big, small)
+    result = agent(provider, workdir, replies=(text(FINAL),), answers="y\ny\n")
+    assert_ok(result, FINAL + "\n")
+    names = tool_names(provider.chat_requests[0])
+    assert len(names) <= 128 and len(set(names)) == len(names), names
+    assert [name for name in names if name.startswith("mcp__b__")] == ["mcp__b__one", "mcp__b__two", "mcp__b__three"]
+    fit = 128 - 7 - 7 - 3  # the agent's own before and after the servers' (see the test above), and b's
+    firsts = [f"p{n // 100}_{n % 100}" if pages_forever else f"t{n:03d}" for n in range(fit)]
+    assert [name for name in names if name.startswith("mcp__a__")] == [f"mcp__a__{name}" for name in firsts]
+    over = "more than " if pages_forever else ""  # two pages came, more than the room: no share is larger
+    assert warnings(result.stderr) == [
+        f"warning: MCP server 'a' lists {over}200 tools; {over}{200 - fit} of them are left out, "
+        f"only the first {fit} fit in its share of a request"
+    ]
+    assert big.methods().count("tools/list") == (2 if pages_forever else 1)  # asked for no page more
 
 
 def test_a_description_over_2048_characters_is_cut(
