@@ -5275,7 +5275,7 @@ def ignore_stop_signals() -> None:
 # ---- wake-ups: the model schedules its own next turn ----
 # One timer at most; a new wake-up replaces the old. Every arm and cancel starts a
 # new generation, and a tick of an older one is dropped wherever it waits (in its
-# timer's thread, in the event queue): a replaced or cancelled wake-up never fires.
+# timer's thread, in the event queue, in the inbox): a replaced or cancelled wake-up never fires.
 
 # For tests only, two variables lower the book's numbers: a wake-up at least 5 s away, a loop 30 min long.
 MIN_DELAY = int(seconds_from("AGENT_TEST_WAKEUP_MIN_DELAY", 5) or 5)
@@ -5327,6 +5327,7 @@ class Waker:
             if left >= 1:
                 delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
                 self.start(delay, prompt, reason, repeat)
+        taken("wakeup")  # a tick the old one left for the next request is stale too
         if left < 1:
             if pending:  # the repeat still pending ends here, and the file says so
                 self.record(False, "", "the loop's lifetime ended")
@@ -5382,6 +5383,7 @@ class Waker:
         with self.lock:
             pending = self.timer is not None
             self.stop()
+        taken("wakeup")  # a tick it left for the next request is stale too
         if pending:
             self.record(False, "", "cancelled")
         return pending
@@ -5938,10 +5940,12 @@ def turn(
             kind, value = next_event(finished)
             if kind == "done":
                 break
-            if kind == "tick" and WAKER.due(value[0]):
-                with INBOX_LOCK:
-                    INBOX.append(("wakeup", REMINDER + value[1]))
-                say("\n[wake-up due while the turn runs; it goes in as a steer]")
+            if kind == "tick":
+                with INBOX_LOCK:  # due() and the append under one lock: the drop of a cancel comes before or after
+                    if due := WAKER.due(value[0]):  # one tick waits, never two: the newest, maybe the loop's last
+                        INBOX[:] = [item for item in INBOX if item[0] != "wakeup"] + [("wakeup", REMINDER + value[1])]
+                if due:
+                    say("\n[wake-up due while the turn runs; it goes in as a steer]")
             if kind == "bg":  # a question up holds the line back (say()), and stays
                 TASKS.delivered(value[0])
                 with INBOX_LOCK:

@@ -429,6 +429,78 @@ def test_a_wake_up_due_during_a_slow_turn_goes_in_as_a_steer_before_the_next_req
     assert terminal.wait_exit() == 0, terminal.text
 
 
+def reminders(body: dict) -> list[str]:
+    """The wake-up reminders among a request's user messages."""
+    return [
+        m["content"] for m in body["messages"] if m["role"] == "user" and m["content"].startswith("<system-reminder>")
+    ]
+
+
+@each
+def test_ticks_that_fall_due_during_one_long_request_reach_the_next_one_once(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    """Every second, in a loop of 3 s; the turn's second request is held until the loop's last tick
+    has fallen due (two or three ticks inside it, and none after): the next request has one reminder,
+    the newest, which tells the model that the loop has ended."""
+    (workdir / "notes.txt").write_text("build started\n")
+    prompt = "Poll the build."
+    provider.script(
+        calls(wakeup("arm", delay_seconds=1, prompt=prompt, reason="build watch", repeat=True)),
+        calls(("slow", "read_file", {"path": "notes.txt"}), pause_after=0),
+        text("Still building."),
+    )
+    terminal = resident(chapter, provider=provider, cwd=workdir, AGENT_TEST_WAKEUP_LIFETIME="3", **FAST)
+    terminal.wait_prompt(1)
+    terminal.line("Watch the build while you read the notes.")
+    provider.wait_paused()
+    terminal.wait_for("[wake-up loop ended: it reached its lifetime of 3 s]")
+    provider.release()
+    terminal.wait_for("Still building.")
+    terminal.wait_prompt(2)
+
+    requests = provider.chat_requests
+    assert len(requests) == 3, terminal.text
+    third = reminders(requests[2])
+    last = f"{prompt}\n\n(This was the last wake-up of this loop: it reached its lifetime of 3 s.)"
+    assert len(third) == 1 and is_reminder(third[0], last), third
+    assert tool_results(requests[2])["slow"] == "build started\n"
+    assert terminal.count(DUE_IN_TURN) >= 2 and "[steer entered this turn: 1]" in terminal.text, terminal.text
+    terminal.line("/exit")
+    assert terminal.wait_exit() == 0, terminal.text
+
+
+@each
+def test_a_tick_that_fell_due_before_the_model_cancelled_its_loop_never_reaches_it(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    """Every second; the turn's second request is held until a tick has fallen due inside it, and
+    its reply cancels the loop: the tick that waits for the next request goes with the loop."""
+    provider.script(
+        calls(wakeup("arm", delay_seconds=1, prompt="Poll the build.", reason="build watch", repeat=True)),
+        calls(wakeup("stop", cancel=True), pause_after=0),
+        text("Loop stopped."),
+    )
+    terminal = resident(chapter, provider=provider, cwd=workdir, **FAST)
+    terminal.wait_prompt(1)
+    terminal.line("Watch the build, then stop.")
+    provider.wait_paused()
+    terminal.wait_for(DUE_IN_TURN)  # it waits in the inbox for the request after the held one
+    provider.release()
+    terminal.wait_for("Loop stopped.")
+    terminal.wait_prompt(2)
+
+    requests = provider.chat_requests
+    assert len(requests) == 3, terminal.text  # no turn of the wake-up's own after the cancel either
+    assert tool_results(requests[2])["stop"].startswith("cancelled")
+    assert reminders(requests[2]) == []
+    assert "[steer entered this turn" not in terminal.text and "arrived late" not in terminal.text, terminal.text
+    path = session_path(workdir, terminal.text)
+    assert not [r for r in kinds(path, "message") if r.get("origin") == "wakeup"]
+    terminal.line("/exit")
+    assert terminal.wait_exit() == 0, terminal.text
+
+
 @each
 def test_ctrl_c_at_the_prompt_stops_the_loop_keeps_the_agent_and_a_second_one_ends_it(
     provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str

@@ -3682,7 +3682,7 @@ ENDING: list[int] = []  # the signal that ends the agent (a kill, a closed termi
 # ---- wake-ups: the model schedules its own next turn ----
 # One timer at most; a new wake-up replaces the old. Every arm and cancel starts a
 # new generation, and a tick of an older one is dropped wherever it waits (in its
-# timer's thread, in the event queue): a replaced or cancelled wake-up never fires.
+# timer's thread, in the event queue, in the inbox): a replaced or cancelled wake-up never fires.
 
 MIN_DELAY = int(os.environ.get("AGENT_TEST_WAKEUP_MIN_DELAY") or 5)  # seconds; the variable is for tests only
 LIFETIME = int(os.environ.get("AGENT_TEST_WAKEUP_LIFETIME") or 1800)  # seconds a loop may last; tests only
@@ -3732,6 +3732,7 @@ class Waker:
             if left >= 1:
                 delay = min(delay, round(left))  # no wake-up outlives the loop's lifetime
                 self.start(delay, prompt, reason, repeat)
+        taken("wakeup")  # a tick the old one left for the next request is stale too
         if left < 1:
             if pending:  # the repeat still pending ends here, and the file says so
                 self.record(False, "", "the loop's lifetime ended")
@@ -3786,6 +3787,7 @@ class Waker:
         with self.lock:
             pending = self.timer is not None
             self.stop()
+        taken("wakeup")  # a tick it left for the next request is stale too
         if pending:
             self.record(False, "", "cancelled")
         return pending
@@ -4063,10 +4065,12 @@ def turn(client: openai.OpenAI, session: Session, window: int, text: str, origin
             kind, value = next_event(finished)
             if kind == "done":
                 break
-            if kind == "tick" and WAKER.due(value[0]):
-                with INBOX_LOCK:
-                    INBOX.append(("wakeup", REMINDER + value[1]))
-                print("\n[wake-up due while the turn runs; it goes in as a steer]", file=sys.stderr)
+            if kind == "tick":
+                with INBOX_LOCK:  # due() and the append under one lock: the drop of a cancel comes before or after
+                    if due := WAKER.due(value[0]):  # one tick waits, never two: the newest, maybe the loop's last
+                        INBOX[:] = [item for item in INBOX if item[0] != "wakeup"] + [("wakeup", REMINDER + value[1])]
+                if due:
+                    print("\n[wake-up due while the turn runs; it goes in as a steer]", file=sys.stderr)
             if kind == "bg":
                 with INBOX_LOCK:
                     INBOX.append(("background", value[1]))
