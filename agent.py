@@ -2336,6 +2336,8 @@ def load_skill(args: dict, listed: list[str], found: dict[str, Skill]) -> str:
         body = (
             body[:SKILL_CAP] + f"\n[... the skill was cut here: its body is longer than {SKILL_CAP:,} characters ...]"
         )
+        # The person is told too: the model may now follow half a checklist.
+        say(f"warning: {shown_path(skill.path)}'s body is longer than {SKILL_CAP:,} characters; the rest is left out")
     result = f'[skill "{name}", directory: {shown_path(skill.path.parent)}]\n\n{body.replace(chr(0), "")}'
     # From here on every request carries it, until a compaction folds it into a summary.
     say(f"[skill body entered the conversation: ~{estimate(result):,} tokens]")
