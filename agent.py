@@ -5248,9 +5248,10 @@ def asked(question: str) -> bool:
 
 
 def show_question(question: str) -> None:
-    # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
-    sys.stderr.write(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ")
-    sys.stderr.flush()
+    # At the terminal the answer is typed at (stdin), not on stderr: that may be a file nobody reads.
+    with open(os.ttyname(sys.stdin.fileno()), "wb", buffering=0) as terminal:
+        # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+        terminal.write(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ".encode())
 
 
 PROMPTING = threading.Event()  # the main thread waits for a line at the prompt, in readline

@@ -16,6 +16,7 @@ import termios
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 from conftest import hermetic_env, program
 from fake_provider import FakeProvider
@@ -31,6 +32,7 @@ class Resident:
         provider: FakeProvider | None,
         cwd: Path,
         columns: int = 200,
+        stderr: IO[bytes] | None = None,
         **env: str | None,
     ) -> None:
         master, slave = os.openpty()
@@ -48,7 +50,7 @@ class Resident:
             env={**hermetic_env(provider, cwd.parent, **env), "TERM": "xterm"},
             stdin=slave,
             stdout=slave,
-            stderr=slave,
+            stderr=slave if stderr is None else stderr,  # a file given: as `2>err.log`, not the terminal
         )
         os.close(slave)
         self.shown = b""

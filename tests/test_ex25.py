@@ -626,6 +626,30 @@ def test_with_stdin_piped_a_question_goes_to_the_controlling_terminal(
     assert tool_results(sent(chapter, provider.chat_requests[-1])) == {"a": REFUSED}
 
 
+@each
+def test_with_stderr_in_a_file_a_question_goes_to_the_terminal_its_answer_is_typed_at(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    command = "echo asked > asked.out"
+    provider.script(bash_calls(a=command), text("Written."))
+    log = workdir.parent / "err.log"
+    with log.open("wb") as stderr:  # `python agent.py 2>err.log`: nobody watches the file
+        terminal = resident(chapter, provider=provider, cwd=workdir, stderr=stderr)
+    wait_until(lambda: "[one turn a line" in log.read_text(), "the banner in err.log")
+    terminal.line(TASK)
+    terminal.wait_for(QUESTION)  # on the old code the question went to err.log, and the turn waited for ever
+    assert f"⚠  the model wants to run: {command}\n{QUESTION}" in terminal.text
+    terminal.line("y")
+    terminal.wait_for("Written.")
+    terminal.line("/exit")
+    assert terminal.wait_exit() == 0, terminal.text
+
+    assert (workdir / "asked.out").read_text() == "asked\n"
+    assert len(provider.chat_requests) == 2
+    assert tool_results(sent(chapter, provider.chat_requests[1])) == {"a": SUCCEEDED}
+    assert QUESTION not in log.read_text() and "Traceback" not in log.read_text()
+
+
 # ---------------------------------------------------------------- the origin on disk only
 
 

@@ -2564,8 +2564,10 @@ def asked(question: str) -> bool:
 
 
 def show(question: str) -> None:
-    # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
-    print(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ", end="", file=sys.stderr, flush=True)
+    # At the terminal the answer is typed at (stdin), not on stderr: that may be a file nobody reads.
+    with open(os.ttyname(sys.stdin.fileno()), "wb", buffering=0) as terminal:
+        # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+        terminal.write(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ".encode())
 
 
 ENDING: list[int] = []  # the signal that ends the agent (a kill, a closed terminal, Ctrl-\): no Ctrl-C
