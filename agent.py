@@ -5249,9 +5249,15 @@ def asked(question: str) -> bool:
 
 def show_question(question: str) -> None:
     # At the terminal the answer is typed at (stdin), not on stderr: that may be a file nobody reads.
-    with open(os.ttyname(sys.stdin.fileno()), "wb", buffering=0) as terminal:
-        # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
-        terminal.write(f"\x1b[0m\n⚠  {question}\nallow? (y/N) ".encode())
+    # \x1b[0m first: text streamed before may have left the terminal drawing invisibly (\x1b[8m).
+    shown = f"\x1b[0m\n⚠  {question}\nallow? (y/N) "
+    try:  # O_NOCTTY: an agent with no controlling terminal must not take this one as its own
+        terminal = os.open(os.ttyname(sys.stdin.fileno()), os.O_WRONLY | os.O_NOCTTY)
+    except OSError:  # the terminal has no name here (a container without its device): stderr, as before
+        sys.stderr.write(shown)
+        return sys.stderr.flush()
+    with open(terminal, "wb", buffering=0) as opened:
+        opened.write(shown.encode())
 
 
 PROMPTING = threading.Event()  # the main thread waits for a line at the prompt, in readline
