@@ -3935,13 +3935,13 @@ def stop_all() -> None:
 
 
 SOCKETS: weakref.WeakSet = weakref.WeakSet()  # every connection the SDK's client opened, while it is open
+CALL = threading.local()  # on stoppable_call()'s thread: abandoned, not empty once a stop gave up on its call
 
 
 def http_client() -> object:
-    """The SDK's HTTP client, noting the socket of each connection it opens. A request that
-    waits for the server's first byte has no stream yet, so no socket a stop could reach
-    through it; left open, the server would go on working on it, and bill for it. So a
-    stop shuts every connection (a new one is opened for the next request)."""
+    """The SDK's HTTP client, noting the socket of each connection it opens: a request waiting for the
+    server's first byte has no stream to shut, so a stop shuts them all. A request that a stop gave up
+    on is not sent again (the SDK retries one whose connection broke): it raises here."""
     import openai
 
     def noted(event: str, info: dict) -> None:
@@ -3950,6 +3950,8 @@ def http_client() -> object:
                 SOCKETS.add(info["return_value"].get_extra_info("socket"))
 
     def traced(request: object) -> None:
+        if getattr(CALL, "abandoned", None):
+            raise Failure("interrupted: the run is stopping")
         request.extensions["trace"] = noted
 
     return openai.DefaultHttpxClient(event_hooks={"request": [traced]})
@@ -3962,6 +3964,7 @@ def stoppable_call(call: Callable[[], object]) -> object:
     box, lock, abandoned = queue.SimpleQueue(), threading.Lock(), []
 
     def work() -> None:
+        CALL.abandoned = abandoned  # its request is not sent again after a stop (http_client())
         try:
             result = call()
         except BaseException as error:  # raised again by the thread that waits

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import select
 import socket
 import threading
 import time
@@ -66,6 +67,9 @@ class Reply:
     error_body: dict | None = None
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds before the reply starts: a model that takes its time (subagents in parallel)
+    # No reply at all: the server waits before the headers until the client hangs up (counted in
+    # FakeProvider.hangups) or the provider closes. A model that has not started answering.
+    hold: bool = False
 
 
 def text(content: str, **kw: Any) -> Reply:
@@ -212,6 +216,7 @@ class FakeProvider:
         self.paused = threading.Event()  # set when a reply reaches pause_after
         self.closed = threading.Event()  # set by close(): replies that would run forever stop
         self.gate = threading.Event()  # release() lets a paused reply go on
+        self.hangups = 0  # held replies (Reply.hold) whose client closed the connection
         self.received = threading.Condition()
         self._lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), _handler_for(self))
@@ -256,6 +261,12 @@ class FakeProvider:
     def wait_paused(self, timeout: float = 30) -> None:
         if not self.paused.wait(timeout):
             raise TimeoutError("the reply never reached its pause point")
+
+    def wait_hangups(self, n: int, timeout: float = 30) -> None:
+        """Block until the clients of at least n held replies have closed their connections."""
+        with self.received:
+            if not self.received.wait_for(lambda: self.hangups >= n, timeout):
+                raise TimeoutError(f"expected {n} held requests closed by the client, saw {self.hangups}")
 
     def release(self) -> None:
         self.gate.set()
@@ -332,12 +343,32 @@ class _Handler(BaseHTTPRequestHandler):
             fp.in_flight += 1
             fp.most_in_flight = max(fp.most_in_flight, fp.in_flight)
         try:
+            if reply.hold:
+                return self._hold()
             if reply.delay:
                 fp.closed.wait(reply.delay)
             self._answer(body, reply)
         finally:
             with fp._lock:
                 fp.in_flight -= 1
+
+    def _hold(self) -> None:
+        """Answer nothing, not even the headers; count the client's hang-up (its end of file, or a reset)."""
+        fp = self.provider
+        self.close_connection = True
+        while not fp.closed.is_set():
+            if not select.select([self.connection], [], [], 0.05)[0]:
+                continue
+            try:
+                if self.connection.recv(1, socket.MSG_PEEK):  # bytes, not a hang-up (no client sends more)
+                    fp.closed.wait(0.05)
+                    continue
+            except OSError:
+                pass
+            with fp.received:
+                fp.hangups += 1
+                fp.received.notify_all()
+            return
 
     def _answer(self, body: Any, reply: Reply) -> None:
         if reply.status != 200:

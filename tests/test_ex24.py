@@ -345,6 +345,31 @@ def test_ctrl_c_while_the_server_has_not_answered_brings_the_prompt_back_and_hea
 
 
 @each
+def test_ctrl_c_before_the_reply_starts_closes_the_request_and_sends_it_no_more(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    provider.script(Reply(hold=True), text("Here now."))  # the first never answers, not even its headers
+    terminal = resident(chapter, provider=provider, cwd=workdir)
+    terminal.wait_prompt(1)
+    terminal.line("Take your time.")
+    provider.wait_requests(1)
+    terminal.type("\x03")
+    provider.wait_hangups(1, timeout=QUICK)  # the agent closed the request the server had not answered
+    terminal.wait_prompt(2)
+    assert KEPT in terminal.text, terminal.text
+    # The SDK tries a broken connection again by itself: a stopped request must not be sent again.
+    with provider.received:
+        provider.received.wait_for(lambda: len(provider.requests) > 1, 2)
+    assert len(provider.requests) == 1, provider.chat_requests[1:]
+
+    terminal.line("Are you there?")
+    terminal.wait_for("Here now.")
+    terminal.wait_prompt(3)
+    assert len(provider.requests) == 2
+    assert sent(chapter, provider.chat_requests[1])[-1] == {"role": "user", "content": "Are you there?"}
+
+
+@each
 def test_ctrl_c_mid_stream_closes_the_connection_and_keeps_no_half_answer(
     provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
 ) -> None:

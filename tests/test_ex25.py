@@ -472,6 +472,38 @@ def test_two_children_ask_one_at_a_time_and_each_answer_reaches_its_own_command(
 
 
 @each
+def test_ctrl_c_closes_the_children_s_requests_the_server_has_not_answered_and_sends_them_no_more(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    names = ("projA", "projB")
+    provider.script(
+        calls(*((name, "sub_agent", {"description": name, "prompt": child_prompt(name)}) for name in names)),
+        text("Starting over."),
+    )
+    for name in names:
+        provider.route(name, Reply(hold=True))  # never answered, not even its headers
+    terminal = resident(chapter, provider=provider, cwd=workdir)
+    terminal.wait_prompt(1)
+    terminal.line("For each project, one subagent.")
+    provider.wait_requests(3)  # the parent's, then both children's
+    terminal.type("\x03")
+    provider.wait_hangups(2, timeout=QUICK)  # the agent closed both children's requests
+    terminal.wait_prompt(2)
+    assert KEPT in up_to_prompt(terminal, 2)
+    # The SDK tries a broken connection again by itself: a stopped child's request must not be sent again.
+    with provider.received:
+        provider.received.wait_for(lambda: len(provider.requests) > 3, 2)
+    assert len(provider.requests) == 3, provider.chat_requests[3:]
+
+    terminal.line("What now?")
+    terminal.wait_for("Starting over.")
+    terminal.wait_prompt(3)
+    assert len(provider.requests) == 4
+    interrupted = "error: interrupted: the user stopped the run before this subagent finished"
+    assert tool_results(sent(chapter, provider.chat_requests[3])) == dict.fromkeys(names, interrupted)
+
+
+@each
 def test_ctrl_c_at_a_question_refuses_it_and_brings_the_prompt_back_at_once(
     provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
 ) -> None:

@@ -633,6 +633,33 @@ def test_ctrl_c_in_a_continuation_pauses_the_goal_and_only_goal_resume_restarts_
 
 
 @each
+def test_ctrl_c_closes_a_continuation_s_request_the_server_has_not_answered_and_none_follows(
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
+) -> None:
+    objective = "Migrate the database"
+    provider.script(create(objective), text("Set.", **usage(30, 3)), Reply(hold=True))  # never answered
+    terminal = resident(chapter, provider=provider, cwd=workdir)
+    terminal.wait_prompt(1)
+    terminal.line("Make it a goal: migrate the database.")
+    provider.wait_requests(3)
+    terminal.wait_for(CONTINUING)
+    terminal.type("\x03")
+    provider.wait_hangups(1, timeout=5)  # the agent closed the continuation's request
+    terminal.wait_prompt(2)
+    assert f"[goal paused: interrupted by Ctrl-C · {shown(objective, 33)} · {RESUMES}" in terminal.text
+    no_request_after(provider, 3)  # nor sent it again (the SDK tries a broken connection again by itself)
+
+    provider.script(text("The schema is half done."))
+    terminal.line("How far is it?")
+    terminal.wait_for("The schema is half done.")
+    terminal.wait_prompt(3)
+    no_request_after(provider, 4)  # the person's line is one request, and no continuation follows it
+    assert provider.chat_requests[3]["messages"][-1] == {"role": "user", "content": "How far is it?"}
+    assert terminal.count(CONTINUING) == 1
+    assert goal_records(session_path(workdir, terminal))[-1] == goal_record(objective, "paused", 33)
+
+
+@each
 def test_a_failed_continuation_pauses_the_goal(
     provider: FakeProvider, workdir: Path, resident: Callable[..., Resident], chapter: int | str
 ) -> None:

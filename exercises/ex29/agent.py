@@ -43,6 +43,7 @@ import threading
 import time
 import unicodedata
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -2488,6 +2489,30 @@ def stop_all() -> None:
         for stop in RUNNING:
             with contextlib.suppress(Exception):  # done already (a socket closed, a group gone): nothing to stop
                 stop()
+    for connection in list(SOCKETS):  # a request still waiting for its first byte: its connection ends too
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
+
+
+SOCKETS: weakref.WeakSet = weakref.WeakSet()  # every connection the SDK's client opened, while it is open
+CALL = threading.local()  # on stoppable_call()'s thread: abandoned, not empty once a stop gave up on its call
+
+
+def http_client() -> object:
+    """The SDK's HTTP client, noting the socket of each connection it opens: a request waiting for the
+    server's first byte has no stream to shut, so a stop shuts them all. A request that a stop gave up
+    on is not sent again (the SDK retries one whose connection broke): it raises here."""
+
+    def noted(event: str, info: dict) -> None:
+        if event == "connection.connect_tcp.complete":
+            SOCKETS.add(info["return_value"].get_extra_info("socket"))
+
+    def traced(request: object) -> None:
+        if getattr(CALL, "abandoned", None):
+            raise TurnFailed("interrupted")
+        request.extensions["trace"] = noted
+
+    return openai.DefaultHttpxClient(event_hooks={"request": [traced]})
 
 
 def stoppable_call(call: Callable[..., object], /, **arguments: object) -> object:
@@ -2497,6 +2522,7 @@ def stoppable_call(call: Callable[..., object], /, **arguments: object) -> objec
     box, lock, abandoned = queue.SimpleQueue(), threading.Lock(), []
 
     def work() -> None:
+        CALL.abandoned = abandoned  # its request is not sent again after a stop (http_client())
         try:
             result = call(**arguments)
         except Exception as error:  # raised again by the thread that waits
@@ -2869,7 +2895,7 @@ def main() -> None:
         die(f"session: {error.strerror or error}")
     hint = f"[session {session.id} — continue with: -c {session.id}]"
 
-    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL)
+    client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, http_client=http_client())
     try:
         start_servers(registry, int(timeout))
         status = run(client, session, window, task)
