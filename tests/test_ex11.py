@@ -18,6 +18,9 @@ standard library, never on the program.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import itertools
 import json
 import os
 import re
@@ -38,6 +41,7 @@ from helpers import (
     assert_batches_whole,
     assert_ok,
     assert_one_error_line,
+    assert_sent,
     call,
     complete_lines,
     decoy_sessions,
@@ -51,6 +55,7 @@ from helpers import (
     put_session,
     resumed,
     session_bytes,
+    session_file,
     snapshot,
     warnings,
     watch_creation,
@@ -202,6 +207,101 @@ def test_kill_9_mid_tool_leaves_no_call_without_its_results(provider: FakeProvid
         {"type": "message", "message": {"role": "user", "content": "go on"}},
         {"type": "message", "message": {"role": "assistant", "content": "Going on."}},
     ]
+
+
+# ---------------------------------------------------------------- a batch cut between a call and its results
+
+# Chapter 13 replays compactions, chapter 19 saves the calls before they run, chapter 30 is the
+# last chapter, and agent.py repairs the request: each must resume whatever the cut left.
+TORN_BATCH_PROGRAMS = [CHAPTER, 12, 13, 19, 30, "final"]
+
+
+def batch_session(provider: FakeProvider, workdir: Path, chapter: int | str) -> tuple[Path, bytes, list[int]]:
+    """A session the program writes itself, with a round of two tool calls: its file, the
+    file's bytes, and where each line of the batch starts, the end of the last result last."""
+    (workdir / "a.txt").write_text("alpha 你好\n", encoding="utf-8")
+    (workdir / "b.txt").write_text("beta 🎉\n", encoding="utf-8")
+    provider.script(
+        tool_calls([("read_file", {"path": "a.txt"}), ("read_file", {"path": "b.txt"})], ids=["call_a", "call_b"]),
+        text("Both read."),
+    )
+    result = run_agent(chapter, "Read a.txt and b.txt", provider=provider, cwd=workdir)
+    assert_ok(result)
+    path = session_file(workdir, result.stderr)
+    data = path.read_bytes()
+    starts = [0] + [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    records = complete_lines(data)[0]
+    batch = next(i for i, r in enumerate(records) if (r.get("message") or {}).get("tool_calls"))
+    assert [r["message"].get("tool_call_id") for r in records[batch + 1 : batch + 3]] == ["call_a", "call_b"]
+    return path, data, starts[batch : batch + 4]
+
+
+def held_after_cut(data: bytes, offset: int) -> list[dict]:
+    """The messages of a file cut at offset that survive the cut whole: every line with its
+    newline, and a last record that lacks only its newline (the loader keeps it)."""
+    end = offset + 1 if data[offset : offset + 1] == b"\n" else data[:offset].rfind(b"\n") + 1
+    return [r["message"] for r in complete_lines(data[:end])[0] if r["type"] == "message"]
+
+
+@pytest.mark.parametrize("chapter", TORN_BATCH_PROGRAMS)
+def test_a_batch_cut_between_a_call_and_its_results_still_resumes(
+    provider: FakeProvider, workdir: Path, chapter: int | str
+) -> None:
+    """A save is one write of whole lines, but a write can stop anywhere: a file-size limit or a
+    full disk exactly between two lines, a crash, a power cut. Cut inside the batch, the file
+    holds a call without its result, and a resume must still send a valid history: every
+    complete message, a stand-in result for each call the cut left unanswered, and the
+    follow-up. A second resume finds the same. Here each record of the batch is cut at its
+    start, in its middle and just before its newline; chapter 11 is cut at every byte below."""
+    path, data, starts = batch_session(provider, workdir, chapter)
+    offsets = sorted({*starts, *(o for s, e in itertools.pairwise(starts) for o in ((s + e) // 2, e - 1))})
+    again = {starts[1], starts[2]}  # the call alone; the call and one of its two results
+    for offset in offsets:
+        path.write_bytes(data[:offset])
+        held = held_after_cut(data, offset)
+        for follow_up in ("next", "and again") if offset in again else ("next",):
+            provider.replies.clear()  # a refused request leaves its reply unused
+            provider.script(text("ok"))
+            before = len(provider.chat_requests)
+            result = run_agent(chapter, "-c", path.stem, follow_up, provider=provider, cwd=workdir)
+            sent = provider.chat_requests[before:]
+            context = f"cut at byte {offset} ({offset - starts[0]} into the batch), {follow_up!r}: {result.stderr}"
+            assert result.returncode == 0 and result.stdout == "ok\n", context
+            assert len(sent) == 1, context
+            held.append({"role": "user", "content": follow_up})
+            assert_sent(sent[0]["messages"], held)
+            held.append({"role": "assistant", "content": "ok"})
+
+
+def test_chapter_11_resumes_a_batch_cut_at_every_byte(
+    provider: FakeProvider, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same as above at every byte of the batch. A start costs the program some 0.7 s of
+    CPU (import openai) and the batch is some 600 bytes, so the resumes run in-process: the
+    chapter's main() with -c, loaded once, over real HTTP to the fake provider."""
+    path, data, starts = batch_session(provider, workdir, CHAPTER)
+    agent = load_program(CHAPTER, workdir, monkeypatch)
+    monkeypatch.setattr(agent, "BASE_URL", provider.url)  # it read the address at import
+    failures: list[str] = []
+    for offset in range(starts[0], starts[-1] + 1):
+        path.write_bytes(data[:offset])
+        provider.replies.clear()
+        provider.script(text("ok"))
+        before = len(provider.chat_requests)
+        monkeypatch.setattr("sys.argv", ["agent.py", "-c", path.stem, "next"])
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                agent.main()
+            sent = provider.chat_requests[before:]
+            assert out.getvalue() == "ok\n" and len(sent) == 1, (out.getvalue(), len(sent))
+            assert_sent(sent[0]["messages"], [*held_after_cut(data, offset), {"role": "user", "content": "next"}])
+        except (AssertionError, SystemExit) as error:
+            message = " ".join(f"{error!r} {err.getvalue()}".split())
+            failures.append(f"cut at byte {offset} ({offset - starts[0]} into the batch): {message[:400]}")
+            if len(failures) >= 5:
+                break
+    assert not failures, "\n".join(failures)
 
 
 # ---------------------------------------------------------------- a torn last line; a damaged line

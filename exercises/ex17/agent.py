@@ -797,12 +797,32 @@ def open_session(session_id: str) -> Session:
     if damaged:
         numbers = ", ".join(map(str, damaged))
         print(f"warning: skipped damaged line(s) {numbers} of {path.name}; they stay in the file", file=sys.stderr)
+    history = healed(history)  # a save cut short between two lines of a batch leaves calls without results
     session = Session(session_id, history)
     session.saved = len(history)
     listed = listed if isinstance(listed, list) else []
     # Only names a skill can have: an edited header must not make a path of one (../skills-proposed/x).
     session.skills = [name for name in listed if isinstance(name, str) and SKILL_NAME.fullmatch(name)]
     return session
+
+
+def healed(history: list[dict]) -> list[dict]:
+    """The history with a stand-in result after every tool call the file leaves unanswered:
+    a save cut short between two lines of a batch leaves one, and the API refuses a call
+    without its result. In memory only: the file keeps what happened."""
+    out, pending = [], []
+    for message in [*history, None]:
+        if message is not None and message.get("role") == "tool":
+            pending = [call_id for call_id in pending if call_id != message.get("tool_call_id")]
+        else:
+            out += [
+                {"role": "tool", "tool_call_id": i, "content": "error: no result (the run was interrupted)"}
+                for i in pending
+            ]
+            pending = [call.get("id") for call in (message or {}).get("tool_calls") or []]
+        if message is not None:
+            out.append(message)
+    return out
 
 
 def valid_compaction(record: dict, history: list[dict]) -> bool:
