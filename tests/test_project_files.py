@@ -779,6 +779,7 @@ def test_odd_files_make_a_bounded_start_and_one_warning_per_cause(
             "warning: AGENTS.md holds NUL bytes; they are left out",
             "warning: MEMORY.md holds NUL bytes; they are left out",
             "warning: MEMORY.md is longer than 25,600 bytes; only the first 25,600 are used",
+            "warning: .agents/skills/huge/SKILL.md's body is longer than 32,768 characters; the rest is left out",
             "warning: skipped skill .agents/skills/fifo: its SKILL.md cannot be read (not a regular file)",
             f"warning: skipped skill {tmp_path / '.agents/skills/zero'}: its SKILL.md cannot be read (not a regular file)",
         ]
