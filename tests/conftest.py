@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +32,14 @@ from fake_provider import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_KEY = "test-key-not-real"
+
+# A suite started in the background (`nohup python -m pytest &` in a script) ignores SIGINT,
+# SIGQUIT and SIGHUP, and every program it starts inherits that: then no Ctrl-C, no closed
+# terminal and no Ctrl-\ reaches the agents, and every test of a stop waits out its timeout.
+# The programs under test start with the dispositions a person's terminal gives them.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+for number in (signal.SIGQUIT, signal.SIGHUP):
+    signal.signal(number, signal.SIG_DFL)
 
 
 def program(chapter: int | str) -> Path:
