@@ -8,7 +8,7 @@ The plan is a JSON object; every key is optional.
   "environ": a file it writes its environment to, as JSON;
   "session": a file it writes its session id and its process group id to;
   "log": a file it appends every message it receives to, one JSON a line;
-  "signals": a file it appends the name of every stop signal it gets to;
+  "signals": a file it appends the name of every stop signal it gets to (empty if none came);
   "ignore_term": true: after a SIGTERM it goes on, only SIGKILL stops it;
   "hold": true: when its stdin closes it does not end, it waits for a signal;
   "child": true: it starts `sleep 60` in its process group, a grandchild of the agent;
@@ -53,6 +53,7 @@ GARBAGE = [
 FLOOD = 3000  # lines of "flood"
 HUGE = "".join(f"line {n:06d}\n" for n in range(80_000))  # 960,000 characters
 plan: dict = {}  # read from the file its first argument names, when it runs
+SIGNALS_FILE: int | None = None  # the plan's "signals" file, open for appending from the start
 
 
 def note(key: str, line: str) -> None:
@@ -63,7 +64,10 @@ def note(key: str, line: str) -> None:
 
 
 def on_signal(number: int, frame: object) -> None:
-    note("signals", signal.Signals(number).name)
+    # One write to a file opened at the start: a handler that opened it could be too slow, on a
+    # loaded machine, for the agent's grace between SIGTERM and SIGKILL, and the signal would go unseen.
+    if SIGNALS_FILE is not None:
+        os.write(SIGNALS_FILE, f"{signal.Signals(number).name}\n".encode())
     if not (number == signal.SIGTERM and plan.get("ignore_term")):
         os._exit(0)
 
@@ -149,6 +153,9 @@ def main() -> None:
     with open(sys.argv[1]) as file:
         plan.update(json.load(file))
     signal.alarm(60)
+    if plan.get("signals"):
+        global SIGNALS_FILE
+        SIGNALS_FILE = os.open(plan["signals"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(number, on_signal)
     pids = [os.getpid()]
