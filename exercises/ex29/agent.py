@@ -818,28 +818,35 @@ def children() -> list[tuple[int, str, int]]:
     return found
 
 
+REAPING = threading.Lock()  # one look at the agent's children at a time: see end_orphans()
+
+
 def reap_orphans() -> None:
     """The adopted dead are reaped. Never a child the agent started: subprocess.Popen's lead a group
     of their own, or are in the agent's, and their exit status is for whoever waits for them."""
     while True:
         time.sleep(1)
-        for pid, state, group in children():
-            if state == "Z" and group not in (pid, os.getpgrp()):
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
+        with REAPING:
+            for pid, state, group in children():
+                if state == "Z" and group not in (pid, os.getpgrp()):
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
 
 
 def end_orphans() -> None:
     """The very end: every living child of the agent left now is one it adopted (what its tasks and
     commands left outside their groups); each is killed with its group, until none is left."""
-    quiet = deadline = time.monotonic()
-    while TASKS.adopting and time.monotonic() - quiet < 0.2 and time.monotonic() < deadline + 3:
-        for pid, state, group in children():
+    deadline = time.monotonic() + 3
+    # Until a look finds no child at all: an orphan is ours before its parent is a zombie, and a
+    # zombie is ours until reaped, so a look that finds nothing leaves nothing to come. The reaper
+    # must not reap a parent during a look that has passed its child: the lock is kept to the end.
+    REAPING.acquire()
+    while TASKS.adopting and (found := children()) and time.monotonic() < deadline:
+        for pid, state, group in found:
             with contextlib.suppress(OSError):
                 if state == "Z":  # reaped too: at the end nobody waits for an exit status any more
                     os.waitpid(pid, os.WNOHANG)
                     continue
-                quiet = time.monotonic()
                 if group != os.getpgrp():  # never the agent's own group
                     os.killpg(group, signal.SIGKILL)
                 os.kill(pid, signal.SIGKILL)
