@@ -33,11 +33,11 @@ import ctypes
 import errno
 import fcntl
 import functools
+import gc
 import glob
 import hashlib
 import heapq
 import html.parser
-import http.client
 import inspect
 import io
 import ipaddress
@@ -64,7 +64,6 @@ import threading
 import time
 import unicodedata
 import urllib.parse
-import urllib.request
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -75,6 +74,8 @@ from typing import TYPE_CHECKING
 from dotenv import dotenv_values
 
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
+    import http.client  # imported where a page is fetched, as every module only one tool needs
+
     import openai  # imported where a model is called: it is most of the start-up time
 
 # ---- configuration: environment variables, or a .env file where you run ----
@@ -1832,6 +1833,8 @@ def get(url: str, address: str, headers: dict[str, str], deadline: float, cap: i
     """One GET of url from address, the one that was checked. All of it, the body's first cap
     bytes included, before the deadline: a timer shuts the socket then, so a server that
     sends a byte a second cannot hold it, as it could a timeout on each read."""
+    import http.client
+
     parts = urllib.parse.urlsplit(url)
     port = parts.port or PORTS[parts.scheme]
     connection = http.client.HTTPConnection(address, port)  # given its socket below: it connects nowhere itself
@@ -1951,6 +1954,8 @@ WEB_FETCH = definition(
 
 
 def web_fetch(args: dict) -> str:
+    import http.client
+
     if SANDBOX:
         return NETWORK_OFF
     url, deadline = args["url"].strip(), time.monotonic() + WEB_TIMEOUT
@@ -2007,6 +2012,8 @@ def plain(text: str) -> str:
 
 
 def web_search(args: dict) -> str:
+    import http.client
+
     if SANDBOX:
         return NETWORK_OFF
     query, count = args["query"].strip(), args.get("max_results", 5)
@@ -4641,6 +4648,8 @@ class CDP:
 
 def devtools_url(named: str, deadline: float) -> str:
     """The websocket of the browser BROWSER_CDP_URL names: a ws:// URL, or http://host:port asked for it."""
+    import urllib.request
+
     if named.startswith("ws://"):
         return named
     if not named.startswith("http://"):
@@ -5725,7 +5734,16 @@ def main(args: list[str]) -> int:
         window = context_window()
         if sandboxed:  # before the session (its header says whether it ran caged) and before any server
             start_sandbox()
-        import openai  # here, not at the top: -list, -restore and -h never pay for importing the SDK
+        # Here, not at the top: -list, -restore and -h never pay for importing the SDK. Its import
+        # builds some 70,000 objects that live as long as the agent: the collector, off meanwhile,
+        # would only walk them to free nothing, and frozen they are left out of every collection
+        # after, the one at exit too. Both cut a one-shot run by about a fifth (bench/, figure 16).
+        gc.disable()
+        try:
+            import openai
+        finally:
+            gc.freeze()
+            gc.enable()
 
         # send() retries, and says so; the HTTP client notes its sockets, for stop_all() to shut.
         client = openai.OpenAI(api_key=API_KEY, base_url=BASE_URL, max_retries=0, http_client=http_client())
