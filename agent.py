@@ -2921,9 +2921,14 @@ def list_sessions() -> None:
     sessions = sorted(session_files().values(), key=modified_at)
     if not sessions:
         print(f"no sessions in {SESSIONS.name}/ yet", file=sys.stderr)
+        return
+    # The directories of subagents' files, from one listing: a look into each session's would cost more.
+    parents = set()
+    with contextlib.suppress(OSError), os.scandir(SESSIONS) as listing:  # gone meanwhile: each line says so
+        parents = {entry.name for entry in listing if entry.is_dir(follow_symlinks=False)}
     try:
         for path in sessions:
-            print(summary(path))
+            print(summary(path, path.stem in parents))
     except BrokenPipeError:  # `-list | head`: the reader has all it wants
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush fails quietly too
 
@@ -2935,7 +2940,7 @@ RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta|wakeup|goal|tas
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
 
-def summary(path: Path) -> str:
+def summary(path: Path, has_subagents: bool) -> str:
     """One -list line, from the file's bytes: no record goes through the loader."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put there since the listing must not block
@@ -2957,7 +2962,7 @@ def summary(path: Path) -> str:
     finally:
         os.close(fd)
     prompt = safe(prompt if len(prompt) <= 50 else prompt[:49] + "…")  # the file's text, not ours
-    if children := subagents(path.stem):
+    if has_subagents and (children := subagents(path.stem)):
         marks.append(f"{children} subagent{'s' if children > 1 else ''}")
     mark = f"  [{', '.join(marks)}]" if marks else ""
     return f"{path.stem}  created {created}  modified {modified}  {count:>4} messages  {prompt}{mark}"
