@@ -42,6 +42,13 @@ for number in (signal.SIGQUIT, signal.SIGHUP):
     signal.signal(number, signal.SIG_DFL)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml's addopts): two workers a core. A test spends most of its time
+    waiting for a program to start, answer or end, so one worker a core left the cores half idle
+    (a load average of 1.1 on 2 cores); with two, the suite takes 14 minutes instead of 23."""
+    return 2 * (os.cpu_count() or 1)
+
+
 def program(chapter: int | str) -> Path:
     """Path of a chapter's agent.py, or of the finished agent.py ("final"); AGENT_UNDER_TEST=/path/to/a/copy
     puts a copy in its place, to check that a test fails without the line it is about (mutation testing)."""
