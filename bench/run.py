@@ -1000,6 +1000,38 @@ def machine(tmp: Path) -> str:
     )
 
 
+BARE_SDK_CALL = """\
+import os, sys, openai
+client = openai.OpenAI(api_key=os.environ["OPENAI_API_KEY"], base_url=os.environ["OPENAI_BASE_URL"])
+messages = [{"role": "user", "content": sys.argv[1]}]
+for chunk in client.chat.completions.create(model=os.environ["MODEL"], messages=messages, stream=True):
+    print(chunk.choices[0].delta.content or "" if chunk.choices else "", end="", flush=True)
+"""
+
+
+def figure_one_shot(tmp: Path, runs: int = 11) -> list[Row]:
+    """16. A one-shot run, start to exit ÷ the same request made by a bare script with the SDK."""
+    say(f"16/{len(FIGURES)} one-shot run ({runs} runs each)")
+    work = tmp / "one-shot"
+    work.mkdir()
+    commands = {"agent": [PYTHON, AGENT, "hi"], "bare": [PYTHON, "-c", BARE_SDK_CALL, "hi"]}
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    with TimedProvider() as provider:
+        env = agent_env(tmp, provider.url)
+        for number in range(runs + 1):  # interleaved, after a warm-up of each that is not counted
+            for name, command in commands.items() if number % 2 else reversed(commands.items()):
+                provider.script(text("Hello."))
+                result = checked(run(command, work, env), name)
+                if result.stdout.decode().strip() != "Hello.":
+                    raise SystemExit(f"bench: {name} printed {result.stdout[:200]!r}")
+                if number:
+                    times[name].append(result.seconds)
+    agent, bare = statistics.median(times["agent"]), statistics.median(times["bare"])
+    value = f"{agent / bare:.2f} ({agent * 1e3:.0f} ms vs {bare * 1e3:.0f} ms, medians of {runs}, interleaved)"
+    title = "A one-shot run (`agent.py hi`, start to exit) ÷ the same request by a bare script with the SDK"
+    return [(title, value, "≤ 1.10", yes_no(agent / bare <= 1.10))]
+
+
 FIGURES = [
     figure_save_bytes,
     figure_save_time,
@@ -1016,6 +1048,7 @@ FIGURES = [
     figure_grep,
     figure_task_memory,
     figure_fetch_memory,
+    figure_one_shot,
 ]
 
 

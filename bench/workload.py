@@ -1,9 +1,10 @@
 """Realistic session files for the benchmarks, built deterministically.
 
 A conversation is a system prompt, then rounds: a user prompt, one to three
-tool exchanges (an assistant message with tool_calls, sometimes with DeepSeek's
-reasoning_content, and the tool results, a few KB of mixed ASCII and non-ASCII
-text), then the assistant's answer. Records are written exactly the way
+tool exchanges (an assistant message with tool_calls and the tool results, from
+400 bytes to 5 KB of code, logs, Chinese, Japanese and accented text), then the
+assistant's answer. About half the assistant messages carry DeepSeek's
+reasoning_content, as a thinking model's do. Records are written exactly the way
 agent.py writes them: json.dumps(..., ensure_ascii=False), one per line.
 """
 
@@ -29,13 +30,13 @@ TOOLS = ["read_file", "bash", "edit_file", "write_file"]
 
 
 def _text(rng: random.Random, size: int) -> str:
-    """About size characters of tool-output-like text."""
+    """At least size bytes (UTF-8) of tool-output-like text, less than a snippet more."""
     parts: list[str] = []
     total = 0
     while total < size:
         piece = rng.choice(SNIPPETS)
         parts.append(piece)
-        total += len(piece)
+        total += len(piece.encode())
     return "".join(parts)
 
 
@@ -46,7 +47,7 @@ class Conversation:
         self.rng = random.Random(seed)
         self.calls = 0
         # A pool of pre-built texts keeps generating 50 MB fast; the mix stays varied.
-        self.outputs = [_text(self.rng, self.rng.choice([300, 800, 1500, 3000, 6000])) for _ in range(97)]
+        self.outputs = [_text(self.rng, self.rng.randint(400, 5000 - 150)) for _ in range(97)]  # 400 B to 5 KB
         self.prompts = [_text(self.rng, self.rng.randint(40, 400)) for _ in range(31)]
         self.answers = [_text(self.rng, self.rng.randint(100, 900)) for _ in range(37)]
 
@@ -76,7 +77,10 @@ class Conversation:
                 assistant["reasoning_content"] = self.rng.choice(self.answers)
             out.append(assistant)
             out.append({"role": "tool", "tool_call_id": call["id"], "content": self.rng.choice(self.outputs)})
-        out.append({"role": "assistant", "content": self.rng.choice(self.answers)})
+        answer = {"role": "assistant", "content": self.rng.choice(self.answers)}
+        if self.rng.random() < 0.5:
+            answer["reasoning_content"] = self.rng.choice(self.answers)
+        out.append(answer)
         return out
 
 
