@@ -54,7 +54,6 @@ import shlex
 import shutil
 import signal
 import socket
-import ssl
 import stat
 import subprocess
 import sys
@@ -70,8 +69,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from dotenv import dotenv_values
 
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
     import http.client  # imported where a page is fetched, as every module only one tool needs
@@ -104,6 +101,8 @@ def dotenv_settings() -> tuple[dict[str, str], Path | None]:
     found = next((str(d / ".env") for d in (here, *here.parents) if nonempty_file(d / ".env")), "")
     if not found:
         return {}, None
+    from dotenv import dotenv_values  # here: a run without a .env never imports it
+
     try:
         if (status := os.stat(found)).st_uid != os.getuid() or status.st_mode & stat.S_IWOTH:
             raise OSError(errno.EPERM, "not yours, or anyone can write it")
@@ -1834,6 +1833,7 @@ def get(url: str, address: str, headers: dict[str, str], deadline: float, cap: i
     bytes included, before the deadline: a timer shuts the socket then, so a server that
     sends a byte a second cannot hold it, as it could a timeout on each read."""
     import http.client
+    import ssl
 
     parts = urllib.parse.urlsplit(url)
     port = parts.port or PORTS[parts.scheme]
