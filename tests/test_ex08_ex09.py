@@ -11,6 +11,7 @@ every check of approved() runs the real function in a process of its own.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -449,13 +450,17 @@ def test_a_running_command_cannot_take_the_next_answer(
     # person type the answer to the second question, ahead of it. A command that could
     # read the agent's stdin or its terminal would take it, and the second question would
     # wait for an answer that never comes (the run is killed after 30 s and the test fails).
-    fifo = workdir / "started"
+    # The command ends only when the test closes the gate, after typing: the line is typed
+    # while it runs, however slow the machine (else it could come after the question).
+    fifo, gate = workdir / "started", workdir / "gate"
     os.mkfifo(fifo)
+    os.mkfifo(gate)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    opened_gate = os.open(gate, os.O_RDWR)  # never blocks (Linux); its close is the command's EOF
+    command = "exec 3< gate; echo go > started && head -c 5; head -c 5 < /dev/tty; status=$?; cat <&3; exit $status"
     provider.script(
         calls(
-            ("reader", "bash", {"command": "echo go > started && head -c 5; head -c 5 < /dev/tty", "timeout": 5}),
-            ("second", "bash", {"command": "touch made_second"}),
+            ("reader", "bash", {"command": command, "timeout": 5}), ("second", "bash", {"command": "touch made_second"})
         ),
         text("Done."),
     )
@@ -466,6 +471,7 @@ def test_a_running_command_cannot_take_the_next_answer(
             ready, _, _ = select.select([reader], [], [], 60)
             assert ready and os.read(reader, 100) == b"go\n", "the first command never started"
             agent.terminal.type("y\n")  # meant for the second question
+            os.close(opened_gate)
             if since(chapter, 20):  # typed before the question, it is no answer to it: asked, the person says no
                 agent.terminal.wait_for("allow? (y/N)", count=2)
                 agent.terminal.type("n\n")
@@ -473,8 +479,10 @@ def test_a_running_command_cannot_take_the_next_answer(
             shown = agent.terminal.text
     finally:
         os.close(reader)
+        with contextlib.suppress(OSError):  # closed already, unless the test failed before
+            os.close(opened_gate)
     assert_ok(result, stdout="Done.\n")
-    assert PROMPT.findall(shown) == ["echo go > started && head -c 5; head -c 5 < /dev/tty", "touch made_second"]
+    assert PROMPT.findall(shown) == [command, "touch made_second"]
     got = results(provider)
     # stdin is /dev/null, and in a session of its own the command has no terminal to open.
     assert "/dev/tty" in got["reader"] and re.search(r"\n\[exit status [1-9]\d*\]$", got["reader"]), got["reader"]
