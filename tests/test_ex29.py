@@ -665,31 +665,33 @@ def test_a_page_that_drips_is_stopped_by_one_deadline_for_the_whole_fetch(chapte
     assert fenced_text(result).startswith("<p>a</p>"), result
 
 
-@each
-@pytest.mark.parametrize(
-    "content_type, body, expected",
-    [
-        ("text/html; charset=GBK", "<p>中文页面，你好</p>".encode("gbk"), "中文页面，你好"),
-        ("text/plain; charset=latin-1", "café crème".encode("latin-1"), "café crème"),
-        ("text/html", '<meta charset="iso-8859-1"><p>déjà vu</p>'.encode("latin-1"), "déjà vu"),
-        (
-            "text/html",
-            '<meta http-equiv="Content-Type" content="text/html; charset=gbk"><p>编码</p>'.encode("gbk"),
-            "编码",
-        ),
-        ("text/html; charset=utf-8", '<meta charset="gbk"><p>ünïcode</p>'.encode(), "ünïcode"),  # the header wins
-        ("text/html; charset=x-no-such-charset", "<p>naïve</p>".encode("latin-1"), "na\ufffdve"),
-        ("text/html; charset=base64", "<p>naïve</p>".encode(), "naïve"),  # a codec, but no text encoding
-        (None, "plain UTF-8: ok ✓".encode(), "plain UTF-8: ok ✓"),  # no type at all: text, UTF-8
-    ],
-)
-def test_the_declared_charset_is_honoured(chapter, provider, workdir, site, content_type, body, expected) -> None:
-    site.route("/page", Response(body, content_type))
-    result, _ = one(chapter, provider, workdir, "web_fetch", {"url": site.url("/page")}, answers="y\n")
-    assert fenced_text(result) == expected
+CHARSETS = [  # (Content-Type, the body's bytes, the text the model must get)
+    ("text/html; charset=GBK", "<p>中文页面，你好</p>".encode("gbk"), "中文页面，你好"),
+    ("text/plain; charset=latin-1", "café crème".encode("latin-1"), "café crème"),
+    ("text/html", '<meta charset="iso-8859-1"><p>déjà vu</p>'.encode("latin-1"), "déjà vu"),
+    (
+        "text/html",
+        '<meta http-equiv="Content-Type" content="text/html; charset=gbk"><p>编码</p>'.encode("gbk"),
+        "编码",
+    ),
+    ("text/html; charset=utf-8", '<meta charset="gbk"><p>ünïcode</p>'.encode(), "ünïcode"),  # the header wins
+    ("text/html; charset=x-no-such-charset", "<p>naïve</p>".encode("latin-1"), "na\ufffdve"),
+    ("text/html; charset=base64", "<p>naïve</p>".encode(), "naïve"),  # a codec, but no text encoding
+    (None, "plain UTF-8: ok ✓".encode(), "plain UTF-8: ok ✓"),  # no type at all: text, UTF-8
+]
 
 
 @each
+def test_the_declared_charset_is_honoured(chapter, provider, workdir, site) -> None:
+    for number, (content_type, body, _) in enumerate(CHARSETS):  # a page each, fetched in one batch
+        site.route(f"/page{number}", Response(body, content_type))
+    found, _ = run_calls(
+        chapter, provider, workdir, fetches([site.url(f"/page{n}") for n in range(len(CHARSETS))]), answers="y\n"
+    )
+    for number, (content_type, _, expected) in enumerate(CHARSETS):
+        assert fenced_text(found[str(number)]) == expected, content_type
+
+
 def test_html_becomes_text_and_a_hostile_page_cannot_leave_its_fence(chapter, provider, workdir, site) -> None:
     site.route("/hostile", Response(HOSTILE_PAGE))
     result, _ = one(chapter, provider, workdir, "web_fetch", {"url": site.url("/hostile")}, answers="y\n")
