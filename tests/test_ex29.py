@@ -279,30 +279,35 @@ def outside(tmp_path: Path) -> Path:
 
 @each
 @pytest.mark.parametrize("answer", ["y", "n", None])
-@pytest.mark.parametrize("spelling", ["absolute", "dotdot", "link"])
 def test_a_search_outside_the_working_directory_asks_first(
-    chapter, provider, workdir, outside: Path, answer: str | None, spelling: str
+    chapter, provider, workdir, outside: Path, answer: str | None
 ) -> None:
     (workdir / "out").symlink_to(outside)  # a link in the project that leads out of it: resolved, it is outside
-    path = {"absolute": str(outside), "dotdot": "../outside", "link": "out"}[spelling]
+    paths = [str(outside), "../outside", "out"]  # three spellings, a grep and a glob each, in one batch
     found, run = run_calls(
         chapter,
         provider,
         workdir,
-        [("grep", "grep", {"pattern": "token", "path": path}), ("glob", "glob", {"pattern": "*.txt", "path": path})],
-        answers=None if answer is None else f"{answer}\n{answer}\n",
+        [
+            (f"{tool}{n}", tool, {"pattern": "token" if tool == "grep" else "*.txt", "path": path})
+            for n, path in enumerate(paths)
+            for tool in ("grep", "glob")
+        ],
+        answers=None if answer is None else f"{answer}\n" * 6,
     )
+    refused = f"error: permission denied — the user did not approve a search of {outside}"
+    for n, path in enumerate(paths):
+        if answer == "y":
+            assert found[f"grep{n}"] == f"{path}/secret.txt:1:token = s3cr3t"
+            assert found[f"glob{n}"] == f"{path}/secret.txt"
+        else:
+            assert found[f"grep{n}"] == found[f"glob{n}"] == refused, path
     if answer == "y":
-        assert found["grep"] == f"{path}/secret.txt:1:token = s3cr3t"
-        assert found["glob"] == f"{path}/secret.txt"
-        assert run.terminal.count(f"the model wants to search outside the working directory: {outside}") == 2
-        return
-    for name in ("grep", "glob"):
-        assert found[name] == f"error: permission denied — the user did not approve a search of {outside}"
-    if answer == "n":
-        assert run.terminal.count(QUESTION) == 2
+        assert run.terminal.count(f"the model wants to search outside the working directory: {outside}") == 6
+    elif answer == "n":
+        assert run.terminal.count(QUESTION) == 6
     else:
-        assert run.stderr.count(NO_TERMINAL) == 2
+        assert run.stderr.count(NO_TERMINAL) == 6
 
 
 @each
