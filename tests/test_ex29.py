@@ -697,6 +697,7 @@ def test_the_declared_charset_is_honoured(chapter, provider, workdir, site) -> N
         assert fenced_text(found[str(number)]) == expected, content_type
 
 
+@each
 def test_html_becomes_text_and_a_hostile_page_cannot_leave_its_fence(chapter, provider, workdir, site) -> None:
     site.route("/hostile", Response(HOSTILE_PAGE))
     result, _ = one(chapter, provider, workdir, "web_fetch", {"url": site.url("/hostile")}, answers="y\n")
