@@ -45,7 +45,7 @@ for number in (signal.SIGQUIT, signal.SIGHUP):
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject.toml's addopts): two workers a core. A test spends most of its time
     waiting for a program to start, answer or end, so one worker a core left the cores half idle
-    (a load average of 1.1 on 2 cores); with two, the suite takes 14 minutes instead of 23."""
+    (a load average of 1.1 on 2 cores); with two, the suite takes 13 minutes instead of 23."""
     return 2 * (os.cpu_count() or 1)
 
 
