@@ -822,8 +822,12 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     try:
         # A signal that lands inside Popen would lose the child's pid, and the
         # command, in a session of its own, would outlive us: hold it until
-        # Popen returns. Raised here, it still reaches the finally below.
-        with stop_signals_held(), signals_unblocked():
+        # Popen returns. Raised here, it still reaches the finally below. On a
+        # turn's thread, a signal may end the agent meanwhile: under RUNNING_LOCK,
+        # stop_all() waits for the start and kills what started; after it, none starts.
+        with RUNNING_LOCK, stop_signals_held(), signals_unblocked():
+            if STOPPING.is_set():
+                return tail, total, status
             process = subprocess.Popen(
                 shell(command),  # the single door: caged while -sandbox is on
                 cwd=WORKDIR,
@@ -833,7 +837,7 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
                 start_new_session=True,  # its own process group, so a kill reaches everything it starts
                 env=SANDBOX.get("environment", WITHOUT_KEY),  # a command has no business with the API key
             )
-        stoppable(stop := functools.partial(os.killpg, process.pid, signal.SIGKILL))
+            RUNNING.add(stop := functools.partial(os.killpg, process.pid, signal.SIGKILL))
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)

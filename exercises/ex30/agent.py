@@ -461,18 +461,21 @@ def run_command(command: str, timeout: int) -> tuple[bytes, int, int | None]:
     process, tail, total, status = None, b"", 0, None
     stop = None  # how another thread stops this command, once it runs
     try:
-        # A turn's thread runs it, never the main thread, which a signal would interrupt inside
-        # Popen: a Ctrl-C stops it through stoppable(), which kills it at once if one came first.
-        process = subprocess.Popen(
-            shell(command),
-            cwd=WORKDIR,
-            env=SANDBOX.get("environment"),  # None: ours
-            stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so a kill reaches everything it starts
-        )
-        stoppable(stop := lambda: os.killpg(process.pid, signal.SIGKILL))
+        # A turn's thread runs it, while a signal may end the agent on the main thread. Under
+        # RUNNING_LOCK, stop_all() waits for a start and kills what started; after it, none starts.
+        with RUNNING_LOCK:
+            if STOPPING.is_set():
+                return tail, total, status
+            process = subprocess.Popen(
+                shell(command),
+                cwd=WORKDIR,
+                env=SANDBOX.get("environment"),  # None: ours
+                stdin=subprocess.DEVNULL,  # a command that waits for input must not hang, nor eat ours
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a kill reaches everything it starts
+            )
+            RUNNING.add(stop := lambda: os.killpg(process.pid, signal.SIGKILL))
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
