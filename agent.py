@@ -2946,6 +2946,7 @@ def list_sessions() -> None:
 # JSON string is always escaped, so these can only match the start of a record.
 # The optional space: ours writes '{"type": "message"', the book's Go edition '{"type":"message"'.
 RECORD_KIND = re.compile(rb'\{"type": ?"(message|compaction|meta|wakeup|goal|task|note)"')
+MESSAGE = re.compile(rb'\{"type": ?"message"')  # most lines: named without a group cut out of the match
 USER_ROLE = re.compile(rb'"role": ?"user"')
 
 
@@ -2999,16 +3000,20 @@ def scan(data: mmap.mmap) -> tuple[int, list[str], str, str]:
     damaged inside (bad JSON, bytes that are not UTF-8) is the loader's to find:
     a resume names it by number."""
     count, compacted, damaged, torn_tail, created, prompt = 0, 0, False, False, "?", ""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
+    start, size, find, message_at = 0, len(data), data.find, MESSAGE.match  # looked up once, not once a line
+    while start < size:
+        end = find(b"\n", start)
         if end < 0:  # the last line, with no newline after it
-            end = len(data)
+            end = size
             if torn(data[start:end]):
                 torn_tail = True
                 break
-        match = RECORD_KIND.match(data, start, end)
-        kind = match[1] if match else kind_of(data[start:end])
+        if match := message_at(data, start, end):
+            kind = b"message"
+        elif match := RECORD_KIND.match(data, start, end):
+            kind = match[1]
+        else:
+            kind = kind_of(data[start:end])
         if kind == b"message":
             count += 1
             if not prompt and (not match or USER_ROLE.search(data, start, min(end, start + 64))):
