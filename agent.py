@@ -16,7 +16,7 @@ sends, and still knows which background tasks ran and which did not
 survive. exercises/production/README.md walks through every addition; its
 table of contents is
 
-    diff -u exercises/ex28/agent.py agent.py
+    diff -u exercises/ex30/agent.py agent.py
 
     python agent.py "My name is Xiaoming; remember it"
     python agent.py -c last "What is my name?"
