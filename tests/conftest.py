@@ -70,6 +70,17 @@ def workdir(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.fixture
+def resident(workdir: Path):
+    """resident(chapter, *args, provider=, cwd=, **env) starts a program at a terminal (a
+    resident.Resident). When the test ends, whatever failed, each is closed, and whatever still
+    runs in the working directory is killed."""
+    from processes import started_terminals  # here: it imports this module, through resident.py
+
+    with started_terminals(workdir) as start:
+        yield start
+
+
 def hermetic_env(provider: FakeProvider | None, home: Path, **extra: str | None) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,21 +71,6 @@ HOSTILE = Path(__file__).with_name("hostile_mcp.py")
 
 
 # ---------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def resident() -> Iterator[Callable[..., Resident]]:
-    """resident(chapter, *args, provider=, cwd=) starts a program at a terminal; it is closed
-    (killed by process group if still running) when the test ends, whatever fails."""
-    started: list[Resident] = []
-
-    def start(chapter: int | str, *args: str, **kw: object) -> Resident:
-        started.append(Resident(chapter, *args, **kw))
-        return started[-1]
-
-    yield start
-    for terminal in started:
-        terminal.close()
 
 
 def session_path(workdir: Path, shown: str) -> Path:

@@ -32,7 +32,7 @@ import errno
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,21 +84,6 @@ def late(count: int) -> str:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def resident() -> Iterator[Callable[..., Resident]]:
-    """resident(chapter, *args, provider=, cwd=) starts a program at a terminal; it is closed
-    (killed by process group if still running) when the test ends, whatever fails."""
-    started: list[Resident] = []
-
-    def start(chapter: int | str, *args: str, **kw: object) -> Resident:
-        started.append(Resident(chapter, *args, **kw))
-        return started[-1]
-
-    yield start
-    for terminal in started:
-        terminal.close()
 
 
 class Gate:

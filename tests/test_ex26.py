@@ -71,21 +71,6 @@ DROPPED = "[a wake-up did not survive the last run and was dropped: "
 # ---------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-def resident() -> Iterator[Callable[..., Resident]]:
-    """resident(chapter, *args, provider=, cwd=, **env) starts a program at a terminal; it is
-    closed (killed by process group if still running) when the test ends, whatever fails."""
-    started: list[Resident] = []
-
-    def start(chapter: int | str, *args: str, **kw: object) -> Resident:
-        started.append(Resident(chapter, *args, **kw))
-        return started[-1]
-
-    yield start
-    for terminal in started:
-        terminal.close()
-
-
 def wakeup(call_id: str, **arguments: object) -> tuple[str, str, dict]:
     return (call_id, "schedule_wakeup", arguments)
 

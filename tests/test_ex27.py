@@ -32,7 +32,7 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -70,21 +70,6 @@ QUIET = 2  # seconds of watching for a request that must not come
 
 
 # ---------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def resident() -> Iterator[Callable[..., Resident]]:
-    """resident(chapter, *args, provider=, cwd=) starts a program at a terminal; it is closed
-    (killed by process group if still running) when the test ends, whatever fails."""
-    started: list[Resident] = []
-
-    def start(chapter: int | str, *args: str, **kw: object) -> Resident:
-        started.append(Resident(chapter, *args, **kw))
-        return started[-1]
-
-    yield start
-    for terminal in started:
-        terminal.close()
 
 
 def spent(prompt: int, completion: int, cached: int = 0) -> int:

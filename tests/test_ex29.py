@@ -35,7 +35,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -397,20 +396,6 @@ def test_a_search_that_runs_too_long_is_stopped_at_30_s_and_rg_is_gone(chapter, 
     with pytest.raises(OSError) as no_reader:  # opening a FIFO to write fails at once when no one reads it
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert no_reader.value.errno == errno.ENXIO
-
-
-@pytest.fixture
-def resident() -> Iterator[Callable[..., Resident]]:
-    """resident(chapter, *args, provider=, cwd=) starts a program at a terminal, closed when the test ends."""
-    started: list[Resident] = []
-
-    def start(chapter: int | str, *args: str, **kw: object) -> Resident:
-        started.append(Resident(chapter, *args, **kw))
-        return started[-1]
-
-    yield start
-    for terminal in started:
-        terminal.close()
 
 
 def descendants(pid: int) -> list[int]:

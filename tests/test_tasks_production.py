@@ -33,12 +33,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from processes import pids, started_terminals
+from processes import pids
 from resident import Resident
 from test_ex28 import FINISHED, QUIET, bg, notices, task_line  # the chapter's helpers, not repeated here
 
@@ -66,12 +66,6 @@ from helpers import (
 KEY_GONE = "[OPENAI_API_KEY removed]"
 CROSSING_WINDOW, CROSSING_TOKENS = crossing_window("final")  # EARLIER's session and a round counted past 75%
 WINDOW = {"CONTEXT_WINDOW": str(CROSSING_WINDOW)}
-
-
-@pytest.fixture
-def terminals(workdir: Path) -> Iterator[Callable[..., Resident]]:
-    with started_terminals(workdir) as start:
-        yield start
 
 
 def lost_lines(stderr: str) -> list[str]:
@@ -231,7 +225,7 @@ def test_a_torn_task_record_is_cut_off_like_any_torn_line(provider: FakeProvider
 
 
 def test_a_notice_at_an_idle_readline_prompt_starts_its_turn_at_once_and_a_half_typed_line_waits(
-    provider: FakeProvider, workdir: Path, terminals: Callable[..., Resident]
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident]
 ) -> None:
     provider.script(
         calls(bg("b", "while [ ! -e go ]; do sleep 0.1; done; echo built")),
@@ -239,7 +233,7 @@ def test_a_notice_at_an_idle_readline_prompt_starts_its_turn_at_once_and_a_half_
         text("Built."),
         text("The log is clean."),
     )
-    terminal = terminals("final", provider=provider, cwd=workdir)
+    terminal = resident("final", provider=provider, cwd=workdir)
     terminal.wait_prompt(1)
     terminal.line("Build it in the background.")
     terminal.wait_for("allow? (y/N) ")
@@ -262,7 +256,7 @@ def test_a_notice_at_an_idle_readline_prompt_starts_its_turn_at_once_and_a_half_
 
 
 def test_a_task_s_status_line_waits_for_the_end_of_the_answer_s_line(
-    provider: FakeProvider, workdir: Path, terminals: Callable[..., Resident]
+    provider: FakeProvider, workdir: Path, resident: Callable[..., Resident]
 ) -> None:
     answer = "The task runs. I will tell you when it ends."
     provider.script(
@@ -270,7 +264,7 @@ def test_a_task_s_status_line_waits_for_the_end_of_the_answer_s_line(
         text(answer, pieces=2, pause_after=2),  # held after its first half
         text("It ended: ok."),
     )
-    terminal = terminals("final", provider=provider, cwd=workdir)
+    terminal = resident("final", provider=provider, cwd=workdir)
     terminal.wait_prompt(1)
     terminal.line("Start it.")
     terminal.wait_for("allow? (y/N) ")
