@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -102,6 +105,104 @@ def hermetic_env(provider: FakeProvider | None, home: Path, **extra: str | None)
     return env
 
 
+# What a fresh interpreter reads from its environment as it starts: a warm start (warm_start.py)
+# has read these already, from the hermetic environment, so a run that sets them starts cold.
+READ_AT_START = ("PYTHON", "LC_", "LANG", "TZ")
+
+
+class WarmStarts:
+    """This worker's warm_start.py server, started at its first run and ended with the worker.
+    run() is subprocess.run for a program under test, or None where only a cold start will do."""
+
+    def __init__(self) -> None:
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.env = hermetic_env(None, Path(tempfile.mkdtemp(prefix="warm-start-home-")))
+        self.server = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "warm_start.py"), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=self.env,
+            # Pipes, never used: sys.stdin/stdout/stderr remember that their files are pipes
+            # (not seekable, not terminals), as the children's will be.
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        theirs.close()
+        self.lock = threading.Lock()
+
+    def read_at_start(self, env: dict[str, str]) -> dict[str, str]:
+        return {key: value for key, value in env.items() if key.startswith(READ_AT_START)}
+
+    def run(self, argv: list[str], cwd: Path, env: dict, stdin: str, timeout: float, umask: int):
+        argv = [os.fsdecode(arg) for arg in argv]  # as the interpreter decodes a byte it cannot: \udcXX
+        request = json.dumps({"argv": argv, "cwd": str(cwd), "env": env, "umask": umask}).encode()
+        if len(request) > 1 << 16 or self.read_at_start(env) != self.read_at_start(self.env):
+            return None
+        if not self.lock.acquire(blocking=False):  # a run from another thread of this test
+            return None
+        try:
+            return self._run(argv, request, stdin.encode(), timeout)
+        finally:
+            self.lock.release()
+
+    def _run(self, argv: list[str], request: bytes, stdin: bytes, timeout: float) -> subprocess.CompletedProcess:
+        """Send the request with the child's ends of three pipes, then feed and drain ours as
+        subprocess.run does, until the server says the child has ended."""
+        child_stdin, stdin_pipe = os.pipe()
+        stdout_pipe, child_stdout = os.pipe()
+        stderr_pipe, child_stderr = os.pipe()
+        try:
+            socket.send_fds(self.control, [request], [child_stdin, child_stdout, child_stderr])
+        finally:
+            for descriptor in (child_stdin, child_stdout, child_stderr):
+                os.close(descriptor)
+        pid = json.loads(self.control.recv(4096))["pid"]
+        output: dict[str, str] = {"stdout": "", "stderr": ""}
+
+        def drain(name: str, descriptor: int) -> None:
+            with open(descriptor, "rb") as pipe:  # text=True's decoding and newlines
+                output[name] = pipe.read().decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+        def feed() -> None:
+            with open(stdin_pipe, "wb") as pipe, contextlib.suppress(BrokenPipeError):
+                pipe.write(stdin)
+
+        threads = [
+            threading.Thread(target=feed, daemon=True),
+            threading.Thread(target=drain, args=("stdout", stdout_pipe), daemon=True),
+            threading.Thread(target=drain, args=("stderr", stderr_pipe), daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + timeout
+        self.control.settimeout(timeout)
+        try:
+            status = json.loads(self.control.recv(4096))["status"]
+        except TimeoutError:
+            status = None
+            os.killpg(pid, signal.SIGKILL)
+            self.control.settimeout(None)
+            self.control.recv(4096)  # the status of the child just killed
+        finally:
+            self.control.settimeout(None)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if status is None or any(thread.is_alive() for thread in threads):
+            raise subprocess.TimeoutExpired(argv, timeout, output["stdout"], output["stderr"])
+        return subprocess.CompletedProcess(argv, status, output["stdout"], output["stderr"])
+
+
+WARM_STARTS: list[WarmStarts] = []
+
+
+def warm_starts() -> WarmStarts:
+    """This worker's warm-start server, started at its first use, and again if it has ended."""
+    if not WARM_STARTS or WARM_STARTS[0].server.poll() is not None:
+        WARM_STARTS[:] = [WarmStarts()]
+    return WARM_STARTS[0]
+
+
 class Terminal:
     """A pseudo-terminal to be a program's controlling terminal, with a person at it
     who answers each `allow? (y/N)` question with the next line of `answers`, and
@@ -182,18 +283,27 @@ def run_agent(
     python: str = sys.executable,
     umask: int = 0o022,
     options: dict | None = None,
+    cold: bool = False,
     **env: str | None,
 ) -> subprocess.CompletedProcess:
     """Run a chapter's program to completion; stdout and stderr are text. With
     `answers`, it runs at a Terminal that answers its questions, and the result's
-    `terminal` is what the terminal showed. `options` go to subprocess.run."""
+    `terminal` is what the terminal showed. `options` go to subprocess.run. Without
+    a terminal, options or another interpreter, the run is a warm start (warm_start.py)
+    unless `cold`."""
     argv = [python, str(program(chapter)), *args]
+    env = hermetic_env(provider, cwd.parent, **env)
+    if answers is None and python == sys.executable and not options and not cold:
+        result = warm_starts().run(argv[1:], cwd, env, stdin or "", timeout, umask)
+        if result is not None:
+            result.args, result.terminal = argv, ""
+            return result
     terminal = Terminal(answers) if answers is not None else None
     try:
         result = subprocess.run(
             terminal.argv(argv) if terminal else argv,
             cwd=cwd,
-            env=hermetic_env(provider, cwd.parent, **env),
+            env=env,
             input=stdin if stdin is not None else "",
             capture_output=True,
             text=True,

@@ -59,12 +59,14 @@ def test_the_finale_is_a_readme_and_no_program() -> None:
 
 @pytest.mark.parametrize("chapter", PROGRAMS)
 def test_every_program_answers_one_question(provider, workdir, chapter: int | str) -> None:
+    """Started cold, as a person starts it: the rest of the suite starts most runs warm
+    (warm_start.py), with the SDK imported already."""
     question = "What is two plus two?"
     provider.script(text("Four."))
     if chapter in REPLS:
-        result = run_agent(chapter, provider=provider, cwd=workdir, stdin=f"{question}\nexit\n")
+        result = run_agent(chapter, provider=provider, cwd=workdir, stdin=f"{question}\nexit\n", cold=True)
     else:
-        result = run_agent(chapter, question, provider=provider, cwd=workdir)
+        result = run_agent(chapter, question, provider=provider, cwd=workdir, cold=True)
     assert result.returncode == 0, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     assert result.stdout == "Four.\n"
