@@ -4446,8 +4446,12 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
     if not parts and "structuredContent" in result:  # a result only in structured form: its JSON
         parts = [json.dumps(result["structuredContent"], ensure_ascii=False)]
     text = "\n".join(parts) or "(no content)"
-    if len(text) > OUTPUT_CAP:
-        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} characters ...]"
+    data = text.encode(errors="replace")  # the cap is in bytes, as bash's is
+    if len(data) > OUTPUT_CAP:  # cut at a character's edge
+        text = (
+            data[:OUTPUT_CAP].decode(errors="ignore")
+            + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} bytes ...]"
+        )
     return f"error: {text}" if result.get("isError") is True else text
 
 
@@ -4911,8 +4915,9 @@ class Browser:
         lines = [f"Page: {str(page['title'])[:200]} — {url}"]
         lines += [f"- {text or '(no text)'} → {selector}" for text, selector in page["items"]] or ["(none found)"]
         listing = "\n".join(lines)
-        if len(listing) > OUTPUT_CAP:
-            listing = listing[:OUTPUT_CAP] + f"\n[... cut: the list is {len(listing):,} characters ...]"
+        data = listing.encode(errors="replace")  # the cap is in bytes, as bash's is
+        if len(data) > OUTPUT_CAP:
+            listing = data[:OUTPUT_CAP].decode(errors="ignore") + f"\n[... cut: the list is {len(data):,} bytes ...]"
         result = untrusted("browser page", url, listing)
         if page["total"] > OBSERVE_LIMIT:
             result += (

@@ -27,7 +27,8 @@ The plan is a JSON object; every key is optional.
       "string_id": answers with the request's id written as a string;
       "ask": sends a ping, a request no client knows and a notification, and answers
              only once both requests are answered, with the answers it got;
-      "huge": a text of about 1 MB;  "hugeline": a line of 17 MiB that never ends;
+      "huge": a text of about 1 MB;  "hugewide": the same in Chinese, 3 bytes a character;
+      "hugeline": a line of 17 MiB that never ends;
       "is_error": a result marked isError;  "bad_content": content that is a number.
 Whatever happens, it ends after 60 s (SIGALRM), so it cannot outlive a broken test for long.
 """
@@ -52,6 +53,7 @@ GARBAGE = [
 ]
 FLOOD = 3000  # lines of "flood"
 HUGE = "".join(f"line {n:06d}\n" for n in range(80_000))  # 960,000 characters
+HUGE_WIDE = "".join(f"第{n:06d}行\n" for n in range(80_000))  # 720,000 characters, 1.1 MB
 plan: dict = {}  # read from the file its first argument names, when it runs
 SIGNALS_FILE: int | None = None  # the plan's "signals" file, open for appending from the start
 
@@ -128,6 +130,8 @@ def call(request: dict) -> None:
         answer["result"] = text(json.dumps([receive(), receive()]))
     elif how == "huge":
         answer["result"] = text(HUGE)
+    elif how == "hugewide":
+        answer["result"] = text(HUGE_WIDE)
     elif how == "hugeline":
         for _ in range(17):
             write(b"x" * (1024 * 1024))

@@ -60,7 +60,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hostile_mcp import FLOOD, GARBAGE, HUGE
+from hostile_mcp import FLOOD, GARBAGE, HUGE, HUGE_WIDE
 
 from conftest import ROOT, TEST_KEY, run_agent, wait_for_file
 from fake_provider import FakeProvider, Reply, error, text
@@ -683,16 +683,18 @@ def test_a_server_that_stops_reading_cannot_hold_a_call_past_mcp_timeout(
 def test_a_huge_result_is_capped_like_bash_s_output(
     provider: FakeProvider, workdir: Path, chapter: int | str, hostile: Callable[..., Hostile]
 ) -> None:
-    put_config(workdir, hostile(tools=[tool("dump")], calls={"dump": "huge"}))
-    result = run(chapter, provider, workdir, calls(("d", "mcp__h__dump", {})), text(FINAL))
+    """The cap is in bytes, as bash's is, and cut at a character's edge: 8,192 characters of
+    Chinese would be 24 KiB. Two tools, one round: ASCII, then 3 bytes a character."""
+    put_config(workdir, hostile(tools=[tool("dump"), tool("wide")], calls={"dump": "huge", "wide": "hugewide"}))
+    result = run(chapter, provider, workdir, calls(("d", "mcp__h__dump", {}), ("w", "mcp__h__wide", {})), text(FINAL))
     assert_ok(result, FINAL + "\n")
-    answer = results(provider)["d"]
-    kept = len(os.path.commonprefix([answer, HUGE]))
-    assert CAP - 100 <= kept <= CAP and len(answer) <= CAP + 200, (kept, len(answer))
-    assert answer[kept:].strip(), "no marker where it was cut"
-    assert answer == HUGE[:CAP] + "\n[... cut: the result is longer than 8,192 characters ...]"
+    answers = results(provider)
+    marker = "\n[... cut: the result is longer than 8,192 bytes ...]"
+    assert answers["d"] == HUGE[:CAP] + marker
+    kept = answers["w"].removesuffix(marker)
+    assert HUGE_WIDE.startswith(kept) and CAP - 3 < len(kept.encode()) <= CAP, (len(kept.encode()), kept[-20:])
     stored = disk_messages(session_file(workdir, result.stderr))
-    assert [m["content"] for m in stored if m["role"] == "tool"] == [answer]
+    assert [m["content"] for m in stored if m["role"] == "tool"] == [answers["d"], answers["w"]]
 
 
 @programs

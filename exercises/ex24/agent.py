@@ -1901,8 +1901,12 @@ def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args
         if isinstance(p, dict)
     ]
     text = "\n".join(map(str, parts)) or "(no content)"
-    if len(text) > OUTPUT_CAP:
-        text = text[:OUTPUT_CAP] + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} characters ...]"
+    data = text.encode(errors="replace")  # the cap is in bytes, as bash's is
+    if len(data) > OUTPUT_CAP:  # cut at a character's edge
+        text = (
+            data[:OUTPUT_CAP].decode(errors="ignore")
+            + f"\n[... cut: the result is longer than {OUTPUT_CAP:,} bytes ...]"
+        )
     return f"error: {text}" if result.get("isError") else text
 
 
