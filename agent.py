@@ -5102,11 +5102,11 @@ atexit.register(BROWSING.close)  # a way out that misses main()'s finally
 # the main thread takes in the order they happened. Signals reach only the main
 # thread, as it waits for an event or handles one. The main thread runs no turn.
 
-EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
+EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick", "bg"
 CONVERSATION = threading.Event()  # this run is a conversation, not a one-shot task
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
 LINES_ANSWER = threading.Event()  # stdin is the terminal: a y typed after a question answers it
-INBOX: list[tuple[str, str]] = []  # (origin, text): a "steer", "wakeup" or "goal" for the turn, "queued" for after
+INBOX: list[tuple[str, str]] = []  # (origin, text): "steer", "wakeup", "goal", "background" in the turn; "queued" after
 INBOX_LOCK = threading.Lock()
 QUEUED = "/q "  # the space too: "/quit" is no queued "uit"
 ANSWERS = {"y": True, "yes": True, "n": False, "no": False}

@@ -3027,10 +3027,10 @@ def follow_ups(client: openai.OpenAI, session: Session, window: int) -> str | No
 # events to one queue, which the main thread takes in the order they happened.
 # Signals reach only the main thread, as it waits for an event or handles one.
 
-EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick"
+EVENTS: queue.SimpleQueue = queue.SimpleQueue()  # (kind, value): "line", "eof", "ask", "done", "tick", "bg"
 INPUT_CLOSED = threading.Event()  # end of input: nobody is left to answer a question
 LINES_ANSWER = threading.Event()  # stdin is the terminal: a y typed after a question answers it
-INBOX: list[tuple[str, str]] = []  # (origin, text): a "steer" or "wakeup" for the running turn, "queued" for after it
+INBOX: list[tuple[str, str]] = []  # (origin, text): "steer", "wakeup", "goal", "background" in the turn; "queued" after
 INBOX_LOCK = threading.Lock()
 QUEUED = "/q "  # the space too: "/quit" is no queued "uit"
 ANSWERS = {"y": True, "yes": True, "n": False, "no": False}
