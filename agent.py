@@ -2546,7 +2546,13 @@ def create_session(
     return session
 
 
-COMPACTION_RECORD = b'"type": "compaction"'  # in a file, a compaction record: it holds more than the history
+def last_record(data: mmap.mmap | bytes, kind: bytes, end: int | None = None) -> int:
+    """Offset of the newline before the last line, ending before `end`, that starts a record of
+    this kind; -1 if there is none. Ours start '{"type": "kind"', the book's Go edition writes
+    '{"type":"kind"': both are looked for, the second only after the last of the first."""
+    end = len(data) if end is None else end
+    ours = data.rfind(b'\n{"type": "' + kind + b'"', 0, end)
+    return max(ours, data.rfind(b'\n{"type":"' + kind + b'"', max(ours, 0), end))
 
 
 def open_session(wanted: str) -> Session:
@@ -2580,7 +2586,7 @@ def open_session(wanted: str) -> Session:
         header = parsed(
             data[: data.find(b"\n") + 1]
         )  # line 1; an older one lists no skills, a hand-edited one anything
-        whole_file = not damaged and data.find(COMPACTION_RECORD) < 0
+        whole_file = not damaged and last_record(data, b"compaction") < 0  # no more than the history
         tokens = len(data) // 4 if whole_file else estimate([history])
         data.close()
     except OSError as error:
@@ -2618,9 +2624,6 @@ def mapped(fd: int) -> mmap.mmap | Empty:
     return mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if os.fstat(fd).st_size else Empty()
 
 
-COMPACTION_LINE = b'\n{"type": "compaction"'  # a compaction record as ours are written, at a line's start
-
-
 def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
     """(history, numbers of damaged lines, the state records in force) of a session file's
     complete lines. A compacted session is read back from its last compaction: the
@@ -2629,7 +2632,7 @@ def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
     resume sends, and it costs that, not the file. Damage is looked for there only; the
     folded part is -list's to scan. Anything the walk back cannot make sense of: the whole file."""
     state: dict = {}
-    last = data.rfind(COMPACTION_LINE)
+    last = last_record(data, b"compaction")
     record = parsed(data[last + 1 : data.find(b"\n", last + 1)]) if last >= 0 else None
     kept = record.get("kept") if isinstance(record, dict) and isinstance(record.get("summary"), str) else None
     walked = walk_back(data, last + 1, kept) if type(kept) is int and kept >= 0 else None
@@ -2647,7 +2650,7 @@ def read_back(data: mmap.mmap | bytes) -> tuple[list[dict], list[int], dict]:
     history = folded([system], record["summary"], 0) + messages + live
     for kind in ("wakeup", "goal") if not isinstance(carried, list) else ():  # found behind it, then
         end = last + 1
-        while kind not in state and (at := data.rfind(b'\n{"type": "' + kind.encode() + b'"', 0, end)) >= 0:
+        while kind not in state and (at := last_record(data, kind.encode(), end)) >= 0:
             if isinstance(found := parsed(data[at + 1 : data.find(b"\n", at + 1)]), dict) and valid_state(found):
                 state[kind] = found
             end = at
@@ -2662,7 +2665,7 @@ def older_tasks(data: mmap.mmap | bytes, end: int) -> list[dict]:
     last record before offset end, in the order of their ids. A resume numbers on after the
     highest, and names those left running; a note there was taken by a later user message."""
     latest: dict[str, dict] = {}
-    while (at := data.rfind(b'\n{"type": "task"', 0, end)) >= 0:
+    while (at := last_record(data, b"task", end)) >= 0:
         if isinstance(found := parsed(data[at + 1 : data.find(b"\n", at + 1)]), dict) and valid_state(found):
             latest.setdefault(found["id"], found)  # walking back: the first found of an id is its last
         end = at

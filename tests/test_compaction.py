@@ -30,7 +30,9 @@ from helpers import (
     crossing_run,
     file_records,
     first_request_tokens,
+    header_line,
     hint,
+    message_line,
     new_session_id,
     number,
     put_session,
@@ -318,6 +320,26 @@ def test_a_resumed_estimate_counts_the_history_not_the_file(
     first = budget_lines(result.stderr)[0]
     assert first.estimated and first.used < 4000, result.stderr  # EARLIER is about 2,000 tokens
     assert summary_requests(provider) == []
+
+
+def test_a_compacted_session_in_the_go_edition_s_spelling_is_read_back_from_its_compaction(
+    provider: FakeProvider, workdir: Path
+) -> None:
+    """The book's Go edition writes its records with no spaces ('{"type":"compaction"'). Its
+    compacted session is read back from the last compaction, as ours is: the 200 KB it folded
+    (about 50,000 tokens, over this window) is neither sent nor counted, so nothing is compacted."""
+    folded = [EARLIER[0], {"role": "user", "content": "x" * 200_000}, {"role": "assistant", "content": "Done."}]
+    compaction = json.dumps({"type": "compaction", "summary": SUMMARY_TEXT, "kept": 0}, separators=(",", ":"))
+    lines = [*(message_line(m, compact=True) for m in folded), compaction.encode() + b"\n"]
+    put_session(workdir, header_line() + b"".join(lines) + b"".join(message_line(m, compact=True) for m in EARLIER[1:]))
+    provider.script(text("ok"))
+    result = run_agent("final", "-c", SESSION_ID, "go on", provider=provider, cwd=workdir, CONTEXT_WINDOW="32000")
+    assert_ok(result, "ok\n")
+    first = budget_lines(result.stderr)[0]
+    assert first.estimated and first.used < 4000, result.stderr  # what follows the compaction: about 2,000
+    assert summary_requests(provider) == []
+    question = {"role": "user", "content": "go on"}
+    assert provider.chat_requests[0]["messages"] == [EARLIER[0], summary_message(SUMMARY_TEXT), *EARLIER[1:], question]
 
 
 def test_a_window_too_small_for_any_summary_ends_the_run_at_the_floor(provider: FakeProvider, workdir: Path) -> None:
