@@ -1415,8 +1415,15 @@ class Registry:
         # File -> its fingerprint when this run last read or wrote it: a write needs it unchanged.
         self.known_files: dict[Path, tuple | None] = {}
 
-    def register(self, definition: dict, run: Callable, changes_files: bool = False, takes_call: bool = False) -> None:
-        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files, takes_call)
+    def register(
+        self,
+        definition: dict,
+        run: Callable,
+        changes_files: bool = False,
+        takes_call: bool = False,
+        external: bool = False,
+    ) -> None:
+        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files, takes_call, external)
 
     def definitions(self) -> list[dict]:
         return [tool.definition for tool in self.tools.values()]
@@ -4427,7 +4434,7 @@ def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: f
     }
     read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
     run = functools.partial(call_mcp, server, tool["name"], read_only, timeout)
-    tools.tools[name] = Tool(definition, run, external=True)
+    tools.register(definition, run, external=True)
 
 
 def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args: dict) -> str:

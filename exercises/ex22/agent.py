@@ -420,8 +420,15 @@ class Registry:
         self.tools: dict[str, Tool] = {}
         self.known_files: dict[Path, str] = {}  # file -> digest of its bytes when this run last read or wrote it
 
-    def register(self, definition: dict, run: Callable, changes_files: bool = False, takes_call: bool = False) -> None:
-        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files, takes_call)
+    def register(
+        self,
+        definition: dict,
+        run: Callable,
+        changes_files: bool = False,
+        takes_call: bool = False,
+        external: bool = False,
+    ) -> None:
+        self.tools[definition["function"]["name"]] = Tool(definition, run, changes_files, takes_call, external)
 
     def definitions(self) -> list[dict]:
         return [tool.definition for tool in self.tools.values()]
@@ -1650,9 +1657,7 @@ def register_mcp_tool(tools: Registry, server: MCPServer, tool: dict, timeout: f
     description = f"[from MCP server {server.name}] {tool.get('description') or ''}"
     definition = {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
     read_only = isinstance(tool.get("annotations"), dict) and tool["annotations"].get("readOnlyHint") is True
-    tools.tools[name] = Tool(
-        definition, functools.partial(call_mcp, server, tool["name"], read_only, timeout), external=True
-    )
+    tools.register(definition, functools.partial(call_mcp, server, tool["name"], read_only, timeout), external=True)
 
 
 def call_mcp(server: MCPServer, tool: str, read_only: bool, timeout: float, args: dict) -> str:
