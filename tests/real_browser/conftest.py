@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import alive
+from tiers import select_tier
 
 from .pages import Pages
 
@@ -32,32 +33,12 @@ BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome
 STARTED = re.compile(r"\[browser started \(pid (\d+), profile (\S+)\); it opened a tab of its own\]")
 
 
-def asked_for(config: pytest.Config) -> bool:
-    """Was the tier asked for: -m real_browser, or a path in this directory on the command line?"""
-    if "real_browser" in (config.getoption("markexpr", "") or ""):
-        return True
-    for arg in config.args:
-        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test of this directory is marked real_browser, and skipped with one reason
-    if no browser is installed or the tier was not asked for."""
-    ours = [item for item in items if HERE in item.path.parents]
-    if not ours:
-        return
-    reason = None
-    if not any(shutil.which(name) for name in BROWSER_NAMES):
-        reason = "install Chromium: apt-get install chromium"
-    elif not asked_for(config):
-        reason = f"the real-browser tier runs only when asked for: {COMMAND}"
-    for item in ours:
-        item.add_marker(pytest.mark.real_browser)
-        if reason:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    def missing() -> str | None:
+        found = any(shutil.which(name) for name in BROWSER_NAMES)
+        return None if found else "install Chromium: apt-get install chromium"
+
+    select_tier(config, items, HERE, "real_browser", "real-browser", COMMAND, missing)
 
 
 @pytest.fixture

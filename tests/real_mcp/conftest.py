@@ -19,38 +19,20 @@ from typing import NamedTuple
 
 import pytest
 
+from tiers import select_tier
+
 from . import setup as venv
 
 HERE = Path(__file__).resolve().parent
 COMMAND = f"{venv.COMMAND} && python3 -m pytest -n0 -m real_mcp tests/real_mcp"
 
 
-def asked_for(config: pytest.Config) -> bool:
-    """Was the tier asked for: -m real_mcp, or a path in this directory on the command line?"""
-    if "real_mcp" in (config.getoption("markexpr", "") or ""):
-        return True
-    for arg in config.args:
-        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test of this directory is marked real_mcp, and skipped with one reason
-    if the venv is not ready or the tier was not asked for."""
-    ours = [item for item in items if HERE in item.path.parents]
-    if not ours:
-        return
-    reason = venv.missing()
-    if reason:
-        reason = f"{reason}: run {COMMAND}"
-    elif not asked_for(config):
-        reason = f"the real-MCP tier runs only when asked for: {COMMAND}"
-    for item in ours:
-        item.add_marker(pytest.mark.real_mcp)
-        if reason:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    def missing() -> str | None:
+        reason = venv.missing()
+        return reason and f"{reason}: run {COMMAND}"
+
+    select_tier(config, items, HERE, "real_mcp", "real-MCP", COMMAND, missing)
 
 
 class Servers(NamedTuple):

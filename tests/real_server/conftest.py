@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tiers import select_tier
+
 from . import setup as build
 from .server import CHAT_TEMPLATE, TOOLS_TEMPLATE, LlamaServer, Proxy
 
@@ -34,32 +36,12 @@ COMMAND = f"{build.COMMAND} && python3 -m pytest -n0 -m real_server tests/real_s
 WINDOW = 4096  # the window of the server most tests use
 
 
-def asked_for(config: pytest.Config) -> bool:
-    """Was the tier asked for: -m real_server, or a path in this directory on the command line?"""
-    if "real_server" in (config.getoption("markexpr", "") or ""):
-        return True
-    for arg in config.args:
-        path = (config.invocation_params.dir / arg.split("::")[0]).resolve()
-        if path == HERE or HERE in path.parents:
-            return True
-    return False
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test of this directory is marked real_server, and skipped with one reason
-    if the cache is not ready or the tier was not asked for."""
-    ours = [item for item in items if HERE in item.path.parents]
-    if not ours:
-        return
-    reason = build.missing()
-    if reason:
-        reason = f"{reason}: run {COMMAND}"
-    elif not asked_for(config):
-        reason = f"the real-server tier runs only when asked for: {COMMAND}"
-    for item in ours:
-        item.add_marker(pytest.mark.real_server)
-        if reason:
-            item.add_marker(pytest.mark.skip(reason=reason))
+    def missing() -> str | None:
+        reason = build.missing()
+        return reason and f"{reason}: run {COMMAND}"
+
+    select_tier(config, items, HERE, "real_server", "real-server", COMMAND, missing)
 
 
 @pytest.fixture(scope="session")
