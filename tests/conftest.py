@@ -14,6 +14,7 @@ you can watch) are in helpers.py.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
@@ -130,6 +131,16 @@ class WarmStarts:
         )
         theirs.close()
         self.lock = threading.Lock()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server: the end of its socket is its signal to exit."""
+        self.control.close()
+        try:
+            self.server.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.communicate()
 
     def read_at_start(self, env: dict[str, str]) -> dict[str, str]:
         return {key: value for key, value in env.items() if key.startswith(READ_AT_START)}
@@ -165,7 +176,9 @@ class WarmStarts:
                 output[name] = pipe.read().decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
 
         def feed() -> None:
-            with open(stdin_pipe, "wb") as pipe, contextlib.suppress(BrokenPipeError):
+            # A program that ends without reading all of its stdin: as communicate() does, say nothing.
+            # The file is closed (and flushed) inside the suppress, where a broken pipe is raised too.
+            with contextlib.suppress(BrokenPipeError), open(stdin_pipe, "wb") as pipe:
                 pipe.write(stdin)
 
         threads = [
@@ -198,8 +211,10 @@ WARM_STARTS: list[WarmStarts] = []
 
 def warm_starts() -> WarmStarts:
     """This worker's warm-start server, started at its first use, and again if it has ended."""
-    if not WARM_STARTS or WARM_STARTS[0].server.poll() is not None:
-        WARM_STARTS[:] = [WarmStarts()]
+    if WARM_STARTS and WARM_STARTS[0].server.poll() is not None:
+        WARM_STARTS.pop().close()
+    if not WARM_STARTS:
+        WARM_STARTS.append(WarmStarts())
     return WARM_STARTS[0]
 
 
