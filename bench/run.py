@@ -1,4 +1,4 @@
-"""The benchmarks behind the README's figures: `python bench/run.py`.
+"""The benchmarks behind the figures in bench/README.md: `python bench/run.py`.
 
 Every figure is a ratio or a bound measured in this one run, against the
 tests' fake provider on 127.0.0.1, so the speed of the machine cancels out.

@@ -194,7 +194,7 @@ PERMISSION_TABLE = [
 
 
 # agent.py asks about git status: git runs the programs its config names (core.fsmonitor),
-# and a model that wrote .git/config would run code without a question (README, Security model).
+# and a model that wrote .git/config would run code without a question (docs/security.md).
 FINAL_LEVELS = {"git status": "ask", "git status --short": "ask"}
 
 

@@ -1,6 +1,6 @@
 """Sessions survive crashes: a cut at any byte (guarantee 3) and SIGKILL during a live run (guarantee 8).
 
-The guarantees are the ten numbered in README.md, under Sessions.
+The guarantees are the ten numbered in docs/sessions.md.
 
 The session file under test is a real one: the finished agent.py writes it,
 running against the fake provider (tool rounds, parallel calls, non-ASCII text,

@@ -1,7 +1,7 @@
 """Sessions through failures: API errors and broken streams at every point of a round,
 Ctrl-C, two runs on one session, and a crash inside a tool batch.
 
-Guarantees 5, 6 and 8 of the ten numbered in README.md, under Sessions. The
+Guarantees 5, 6 and 8 of the ten numbered in docs/sessions.md. The
 real agent.py runs as a subprocess against the fake provider. Each failure is
 followed by a `-c ID` run, so every step also proves that the previous failure
 left a session that resumes with a history the provider accepts.
