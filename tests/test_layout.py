@@ -190,6 +190,39 @@ def test_no_tracked_file_cites_a_document_the_repository_lacks() -> None:
     assert not found, "citations of documents this repository does not have:\n" + "\n".join(found)
 
 
+def headings(markdown: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, spaces made dashes,
+    punctuation dropped, -1, -2, … after a repeated one. Fenced code holds no heading."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for line in re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M).splitlines():
+        if heading := re.match(r"#{1,6} +(.*?) *#* *$", line):
+            words = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))  # a link's text only
+            slug = re.sub(r"[^\w\- ]", "", words.lower()).replace(" ", "-")
+            repeats = seen[slug] = seen.get(slug, -1) + 1
+            anchors.add(f"{slug}-{repeats}" if repeats else slug)
+    return anchors
+
+
+def test_every_link_between_the_documents_leads_somewhere() -> None:
+    """README.md was split into docs/, tests/README.md and bench/README.md: a link to a file
+    that is not there, or to a heading the file does not have, sends a reader nowhere."""
+    broken = []
+    for name in [name for name in tracked_files() if name.endswith(".md")]:
+        source = ROOT / name
+        markdown = re.sub(r"^```.*?^```", "", source.read_text(encoding="utf-8"), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", markdown):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            path, _, anchor = target.partition("#")
+            linked = (source.parent / path).resolve() if path else source
+            if not linked.exists():
+                broken.append(f"{name}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in headings(linked.read_text(encoding="utf-8")):
+                broken.append(f"{name}: {target}: no such heading")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
 def test_the_production_guide_quotes_agent_py_word_for_word() -> None:
     """The guide promises that a block marked python is agent.py's code, one contiguous excerpt
     (a line "..." joins two): an excerpt the code has moved on from teaches what no longer runs."""
